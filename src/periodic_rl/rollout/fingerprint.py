@@ -1,0 +1,24 @@
+"""A cheap, exact fingerprint of a set of weights, comparable across processes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import torch
+
+
+def weights_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """Hash of every tensor's name, dtype, shape and bytes, in name order.
+
+    Two processes that hold bit-identical weights get the same string; any changed bit changes it.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
