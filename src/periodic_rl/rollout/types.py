@@ -50,3 +50,30 @@ class RolloutGroup:
     seed: int = 0
     worker: int = 0
     truncated: list[bool] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """A prompt group to generate in an iteration; ``index`` is its place in the iteration."""
+
+    index: int
+    prompt_ids: list[int]
+    n: int
+    seed: int
+
+    def request(self) -> GenerationRequest:
+        return GenerationRequest(prompt_ids=self.prompt_ids, n=self.n, seed=self.seed)
+
+
+@dataclass
+class GeneratedGroup:
+    """The raw output of one job, stamped with the weights that produced it and when."""
+
+    index: int
+    completion_ids: list[list[int]]
+    version: int
+    fingerprint: str
+    worker: int
+    seed: int
+    started: float = 0.0
+    finished: float = 0.0

@@ -1,0 +1,41 @@
+"""``periodic-rl``: the LightningCLI entry point (``periodic-rl fit --config run.yaml``)."""
+
+from __future__ import annotations
+
+import os
+
+from lightning.pytorch.cli import LightningCLI
+
+from periodic_rl.data import PromptDataModule
+from periodic_rl.module import RLModule
+
+
+class PeriodicRLCLI(LightningCLI):
+    """LightningCLI with periodic_rl's defaults: the periodic-async strategy, no sanity check."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
+        parser.set_defaults(
+            {
+                "trainer.strategy": "periodic_async",
+                "trainer.num_sanity_val_steps": 0,
+                "trainer.limit_val_batches": 0,
+            }
+        )
+
+
+def main(args: list[str] | None = None) -> PeriodicRLCLI:
+    """Run the CLI. Subclasses of RLModule / PromptDataModule are accepted by class_path."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return PeriodicRLCLI(
+        RLModule,
+        PromptDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""`PromptDataModule`: the prompts of each RL iteration, and the held-out prompts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from periodic_rl.data.sources import PromptSource, load_source
+
+
+def _collate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rows
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Prompt rows for training (``batch_size`` prompts per iteration) and evaluation.
+
+    Args:
+        source: ``builtin:arithmetic``, a ``.jsonl``/``.json``/``.parquet`` file, or a `datasets`
+            hub id. Rows need a prompt column (a string, or chat messages); every other column
+            is handed to the reward functions as a keyword list.
+        batch_size: prompts per iteration; each becomes a group of ``num_generations`` samples.
+        val_source: held-out prompts, when not the ``val_split`` of ``source``.
+        split: split of ``source`` to train on. val_split: held-out split.
+        num_train: rows generated for a built-in task. num_val: held-out rows used at most.
+        prompt_column: the column holding the prompt.
+        seed: seeds the built-in task and the shuffling order.
+        shuffle: shuffle training prompts (seeded) every epoch.
+    """
+
+    def __init__(
+        self,
+        source: str = "builtin:arithmetic",
+        batch_size: int = 8,
+        val_source: str | None = None,
+        split: str = "train",
+        val_split: str = "test",
+        num_train: int = 4096,
+        num_val: int = 64,
+        prompt_column: str = "prompt",
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (prompts per iteration), got {batch_size}")
+        self.save_hyperparameters()
+        self._source: PromptSource | None = None
+
+    @property
+    def source(self) -> PromptSource:
+        if self._source is None:
+            h = self.hparams
+            self._source = load_source(
+                h.source,
+                val_source=h.val_source,
+                split=h.split,
+                val_split=h.val_split,
+                num_train=h.num_train,
+                num_val=h.num_val,
+                seed=h.seed,
+                prompt_column=h.prompt_column,
+            )
+            if not self._source.train:
+                raise ValueError(f"{h.source}: no training rows")
+        return self._source
+
+    def setup(self, stage: str) -> None:
+        _ = self.source  # load and validate before any expensive work starts
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(
+            self.source.train,
+            batch_size=self.hparams.batch_size,
+            shuffle=self.hparams.shuffle,
+            generator=generator,
+            drop_last=True,
+            collate_fn=_collate_rows,
+        )
+
+    def held_out(self) -> list[dict[str, Any]]:
+        """The held-out rows, evaluated greedily at the start and the end of training."""
+        return self.source.val

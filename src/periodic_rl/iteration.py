@@ -1,0 +1,74 @@
+"""Per-iteration bookkeeping: what streamed in, what it cost, and the metrics it logs."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from periodic_rl.rollout.types import RolloutGroup
+
+
+def micro_batch_tensors(
+    groups: list[RolloutGroup], device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages ``[N]`` and rewards ``[N]`` of a micro-batch, completions in group order."""
+    advantages = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float32)
+    rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
+    return advantages.to(device), rewards.to(device)
+
+
+@dataclass
+class IterationStats:
+    """Sums over the groups and micro-batches of one iteration (all stream-friendly)."""
+
+    started: float = 0.0
+    finished: float = 0.0
+    num_groups: int = 0
+    num_sequences: int = 0
+    num_tokens: int = 0
+    zero_std_groups: int = 0
+    rewards: list[float] = field(default_factory=list)
+    components: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    groups: list[RolloutGroup] = field(default_factory=list)
+
+    def add_groups(self, groups: list[RolloutGroup]) -> None:
+        for group in groups:
+            self.groups.append(group)
+            self.num_groups += 1
+            self.num_sequences += len(group.completion_ids)
+            self.num_tokens += sum(len(c) for c in group.completion_ids)
+            self.rewards.extend(group.rewards)
+            if max(group.rewards) == min(group.rewards):
+                self.zero_std_groups += 1
+            for name, values in group.reward_components.items():
+                self.components[name].extend(values)
+
+    def add_loss(self, stats: dict[str, float]) -> None:
+        for name, value in stats.items():
+            self.loss[name] += value
+
+    def metrics(self) -> dict[str, float]:
+        seconds = max(self.finished - self.started, 1e-9)
+        tokens = max(self.loss.get("tokens", self.num_tokens), 1.0)
+        out = {
+            "reward": statistics.fmean(self.rewards),
+            "reward_std": statistics.pstdev(self.rewards),
+            "completion_length": self.num_tokens / max(self.num_sequences, 1),
+            "frac_zero_std_groups": self.zero_std_groups / max(self.num_groups, 1),
+            "rollouts_per_s": self.num_sequences / seconds,
+            "tokens_per_s": self.num_tokens / seconds,
+            "iteration_s": seconds,
+        }
+        for name, values in self.components.items():
+            out[f"rewards/{name}"] = statistics.fmean(values)
+        if "clipped_low" in self.loss or "clipped_high" in self.loss:
+            out["clip_fraction"] = (self.loss["clipped_low"] + self.loss["clipped_high"]) / tokens
+        if "kl_sum" in self.loss:
+            out["kl"] = self.loss["kl_sum"] / tokens
+        if "entropy_sum" in self.loss:
+            out["entropy"] = self.loss["entropy_sum"] / tokens
+        return out

@@ -1,0 +1,53 @@
+"""In-process rollouts: one engine in the trainer's process, no Ray (tests, debugging)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from periodic_rl.rollout.engine import InferenceEngine
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+
+
+class LocalRollouts:
+    """The rollout backend interface of the strategy, served by one engine in this process.
+
+    It cannot overlap generation with training (they share the process); it is the simplest
+    backend, and the reference the Ray fabric is compared with.
+    """
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self.engine = engine
+        self.version = -1
+        self.fingerprint = ""
+
+    def start(self) -> None:
+        return None
+
+    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> str:
+        self.fingerprint = self.engine.load_weights(state_dict)
+        self.version = version
+        return self.fingerprint
+
+    def generate(
+        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+    ) -> Iterator[GeneratedGroup]:
+        started = time.time()
+        outputs = self.engine.generate([job.request() for job in jobs], sampling)
+        finished = time.time()
+        for job, completions in zip(jobs, outputs, strict=True):
+            yield GeneratedGroup(
+                index=job.index,
+                completion_ids=completions,
+                version=self.version,
+                fingerprint=self.fingerprint,
+                worker=0,
+                seed=job.seed,
+                started=started,
+                finished=finished,
+            )
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,207 @@
+"""`PeriodicAsyncStrategy`: a Lightning strategy that owns the rollout workers.
+
+It starts the workers in ``setup`` (never at import, so DDP's re-launched scripts stay clean),
+streams each iteration's scored groups to the module, and, in ``optimizer_step`` (the one place
+every ``LightningOptimizer.step`` goes through), bumps the policy version and pushes the new
+weights to every worker before the next iteration's generation starts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
+
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.stream import GroupStream
+from periodic_rl.rollout.timing import SpanRecorder
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+
+ScoreFn = Callable[[GeneratedGroup], RolloutGroup]
+
+
+class PeriodicAsyncStrategy(SingleDeviceStrategy):
+    """Train on one device while rollout workers generate, staying exactly on-policy.
+
+    Args:
+        engine: ``vllm``, ``hf``, or ``package.module:Class`` of your own ``InferenceEngine``.
+        engine_kwargs: passed to the engine (e.g. ``max_model_len``, ``kv_cache_gb``).
+        num_workers: rollout workers (Ray actors), each holding one engine.
+        overlap: back-propagate groups while the rest of the iteration is still being generated
+            (periodic asynchrony). ``False`` is the synchronous baseline on the same machinery.
+        use_ray: run the engines in Ray actors. ``False`` keeps one engine in this process
+            (no overlap possible; handy for debugging).
+        ray_address: an existing Ray cluster; by default a local one listening on loopback only.
+        cpus_per_worker, gpus_per_worker: Ray resources reserved per worker.
+        worker_cores: CPU cores to pin each worker to (one list per worker).
+        trainer_cores: CPU cores to pin the trainer to (with ``worker_cores``, the two sides do
+            not fight over cores).
+        groups_per_call: prompt groups handed to a worker per call (batching vs streaming).
+        device: the training device.
+    """
+
+    strategy_name = "periodic_async"
+
+    def __init__(
+        self,
+        engine: str = "vllm",
+        engine_kwargs: dict[str, Any] | None = None,
+        num_workers: int = 1,
+        overlap: bool = True,
+        use_ray: bool = True,
+        ray_address: str | None = None,
+        cpus_per_worker: float = 1.0,
+        gpus_per_worker: float = 0.0,
+        worker_cores: list[list[int]] | None = None,
+        trainer_cores: list[int] | None = None,
+        groups_per_call: int = 2,
+        device: str = "cpu",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(device=torch.device(device), **kwargs)
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not use_ray and (overlap or num_workers != 1):
+            raise ValueError(
+                "use_ray=False runs one engine inside the trainer's process: it needs "
+                "num_workers=1 and overlap=False (overlap needs workers in their own processes)"
+            )
+        if worker_cores is not None and len(worker_cores) != num_workers:
+            raise ValueError(
+                f"worker_cores has {len(worker_cores)} entries for num_workers={num_workers}"
+            )
+        self.engine_name = engine
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.num_workers = num_workers
+        self.overlap = overlap
+        self.use_ray = use_ray
+        self.ray_address = ray_address
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.worker_cores = worker_cores
+        self.trainer_cores = trainer_cores
+        self.groups_per_call = groups_per_call
+        self.rollouts: Any = None
+        self.policy_version = 0
+        self.weights_fingerprint = ""
+        self.spans = SpanRecorder()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        if self.trainer_cores:
+            os.sched_setaffinity(0, set(self.trainer_cores))
+            torch.set_num_threads(len(self.trainer_cores))
+        super().setup(trainer)
+        if self.rollouts is None:
+            self.rollouts = self._start_rollouts(self.lightning_module.model_path)
+        self.push_weights()
+
+    def _start_rollouts(self, model_path: str) -> Any:
+        spec = EngineSpec(kind=self.engine_name, model=model_path, kwargs=self.engine_kwargs)
+        if not self.use_ray:
+            from periodic_rl.rollout.local import LocalRollouts
+
+            return LocalRollouts(spec.build())
+        from periodic_rl.rollout.fabric import RolloutFabric
+
+        fabric = RolloutFabric(
+            spec,
+            num_workers=self.num_workers,
+            ray_address=self.ray_address,
+            cpus_per_worker=self.cpus_per_worker,
+            gpus_per_worker=self.gpus_per_worker,
+            worker_cores=self.worker_cores,
+            groups_per_call=self.groups_per_call,
+        )
+        fabric.start()
+        return fabric
+
+    def teardown(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.shutdown()
+            self.rollouts = None
+        super().teardown()
+
+    # ---- weights ------------------------------------------------------------------------------
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self.policy_version += 1
+        self.push_weights()
+        return output
+
+    def push_weights(self) -> str:
+        """Send the policy's current weights to every worker and record their fingerprint."""
+        start = time.time()
+        state = self.lightning_module.rollout_state_dict()
+        self.weights_fingerprint = self.rollouts.push_weights(state, self.policy_version)
+        self.spans.add("weight push", "trainer", start, time.time())
+        return self.weights_fingerprint
+
+    # ---- rollouts -----------------------------------------------------------------------------
+    def generate_groups(self, jobs: list[GroupJob], sampling: SamplingConfig) -> list[GeneratedGroup]:
+        """All groups of ``jobs`` with the current weights (evaluation; no streaming)."""
+        return list(self.rollouts.generate(jobs, sampling, self.policy_version))
+
+    def rollout_micro_batches(
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        score: ScoreFn,
+        micro_batch_size: int,
+        on_all_scored: Callable[[list[RolloutGroup]], None] | None = None,
+    ) -> Iterator[list[RolloutGroup]]:
+        """Scored groups of this iteration, in micro-batches of whole groups.
+
+        Overlapped: a background thread scores groups as workers finish them and the trainer
+        takes each micro-batch as soon as it is complete, in completion order. Synchronous (or
+        when advantages need the whole iteration, ``on_all_scored``): everything is generated
+        and scored first.
+        """
+        self.spans.new_iteration(self.policy_version)
+        stream = GroupStream()
+        producer = threading.Thread(
+            target=self._produce, args=(jobs, sampling, score, stream), daemon=True
+        )
+        producer.start()
+        try:
+            if not self.overlap or on_all_scored is not None:
+                groups = stream.drain()
+                if on_all_scored is not None:
+                    on_all_scored(groups)
+                for start in range(0, len(groups), max(1, micro_batch_size // jobs[0].n)):
+                    yield groups[start : start + max(1, micro_batch_size // jobs[0].n)]
+                return
+            while True:
+                wait_start = time.time()
+                groups = stream.get_micro_batch(micro_batch_size)
+                self.spans.add("wait", "trainer", wait_start, time.time())
+                if groups is None:
+                    return
+                train_start = time.time()
+                yield groups
+                self.spans.add("train micro-batch", "trainer", train_start, time.time())
+        finally:
+            producer.join()
+
+    def _produce(self, jobs: list[GroupJob], sampling: SamplingConfig, score: ScoreFn, stream: GroupStream) -> None:
+        try:
+            for generated in self.rollouts.generate(jobs, sampling, self.policy_version):
+                self.spans.add(
+                    "generate", f"worker-{generated.worker}", generated.started, generated.finished
+                )
+                stream.put(score(generated))
+            stream.close()
+        except BaseException as error:  # re-raised in the trainer's thread
+            stream.error(error)
+
+
+StrategyRegistry.register(
+    PeriodicAsyncStrategy.strategy_name,
+    PeriodicAsyncStrategy,
+    description="Periodic-asynchrony RL: rollout workers overlapped with on-policy training",
+)
