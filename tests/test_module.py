@@ -38,7 +38,9 @@ def _nan_reward(prompts, completions, **columns):
     [(_wrong_length, "returned 1 values for 2 completions"), (_nan_reward, "NaN")],
 )
 def test_bad_reward_fails_before_engines_start(tiny_llama_path, reward, message):
-    module = RLModule(model=tiny_llama_path, num_generations=2, micro_batch_size=2, reward_funcs=[reward])
+    module = RLModule(
+        model=tiny_llama_path, num_generations=2, micro_batch_size=2, reward_funcs=[reward]
+    )
     strategy = PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False)
     trainer = L.Trainer(strategy=strategy, max_steps=1, logger=False, enable_checkpointing=False)
     data = PromptDataModule(batch_size=2, num_train=8, num_val=2)
@@ -50,7 +52,9 @@ def test_bad_reward_fails_before_engines_start(tiny_llama_path, reward, message)
 def test_missing_prompt_in_rows_fails_before_engines_start(tiny_llama_path, tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"question": "hi"}\n')
-    module = RLModule(model=tiny_llama_path, num_generations=2, micro_batch_size=2, reward_funcs=[_nan_reward])
+    module = RLModule(
+        model=tiny_llama_path, num_generations=2, micro_batch_size=2, reward_funcs=[_nan_reward]
+    )
     strategy = PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False)
     trainer = L.Trainer(strategy=strategy, max_steps=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="'prompt' column"):

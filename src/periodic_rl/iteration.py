@@ -65,8 +65,8 @@ class IterationStats:
         }
         for name, values in self.components.items():
             out[f"rewards/{name}"] = statistics.fmean(values)
-        if "clipped_low" in self.loss or "clipped_high" in self.loss:
-            out["clip_fraction"] = (self.loss["clipped_low"] + self.loss["clipped_high"]) / tokens
+        if "clipped_tokens" in self.loss:
+            out["clip_fraction"] = self.loss["clipped_tokens"] / tokens
         if "kl_sum" in self.loss:
             out["kl"] = self.loss["kl_sum"] / tokens
         if "entropy_sum" in self.loss:

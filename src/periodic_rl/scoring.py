@@ -49,7 +49,10 @@ class Scorer:
             values = func(prompts, completions, **columns)
             components[name] = check_rewards(name, values, len(completions))
         totals = [
-            sum(w * components[reward_name(f)][i] for f, w in zip(self.reward_funcs, self.reward_weights))
+            sum(
+                w * components[reward_name(f)][i]
+                for f, w in zip(self.reward_funcs, self.reward_weights, strict=True)
+            )
             for i in range(len(completions))
         ]
         if self.accuracy_func is not None and "accuracy" not in components:
@@ -57,10 +60,14 @@ class Scorer:
             components["accuracy"] = check_rewards("accuracy", values, len(completions))
         return totals, components
 
-    def score(self, generated: GeneratedGroup, row: dict[str, Any], prompt_ids: list[int]) -> RolloutGroup:
+    def score(
+        self, generated: GeneratedGroup, row: dict[str, Any], prompt_ids: list[int]
+    ) -> RolloutGroup:
         """A scored group from one job's output and the dataset row it came from."""
         n = len(generated.completion_ids)
-        completions = self.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
+        completions = self.tokenizer.batch_decode(
+            generated.completion_ids, skip_special_tokens=True
+        )
         columns = {k: [v] * n for k, v in row.items() if k != "prompt"}
         totals, components = self.rewards([row["prompt"]] * n, completions, columns)
         group = RolloutGroup(

@@ -27,7 +27,11 @@ def policy_state_dict(policy: Any) -> dict[str, torch.Tensor]:
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer) and not module.merged:
                 delta = sum(
-                    (module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A),
+                    (
+                        module.get_delta_weight(a)
+                        for a in module.active_adapters
+                        if a in module.lora_A
+                    ),
                     start=torch.zeros_like(module.get_base_layer().weight),
                 )
                 deltas[f"{name}.weight"] = delta

@@ -107,17 +107,23 @@ def per_token_policy_loss(
     _check_shapes(logps, old_logps, advantages, mask, ref_logps)
     valid = mask.bool()
     adv = advantages.to(logps.dtype).unsqueeze(1)
+    # Padding may hold any value (even -inf); neutralise it before exp so that neither the
+    # forward sums nor the backward (0 * inf = nan) can be poisoned by it.
+    zeros = torch.zeros_like(logps)
+    old_logps = torch.where(valid, old_logps.detach(), zeros)
+    if ref_logps is not None:
+        ref_logps = torch.where(valid, ref_logps.detach(), zeros)
+    logps = torch.where(valid, logps, zeros)
 
-    ratio = torch.exp(logps - old_logps.detach())
+    ratio = torch.exp(logps - old_logps)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)
     kl = None
     if ref_logps is not None:
-        kl = k3_kl(logps, ref_logps.detach())
+        kl = k3_kl(logps, ref_logps)
         if beta > 0:
             per_token = per_token + beta * kl
-    # where, not a product: padding may hold any value, and 0 * inf would poison the sums.
-    per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
+    per_token = torch.where(valid, per_token, zeros)
 
     with torch.no_grad():
         low = (ratio < 1 - epsilon) & (adv < 0) & valid
@@ -129,11 +135,13 @@ def per_token_policy_loss(
         }
         stats["clipped_tokens"] = stats["clipped_low_tokens"] + stats["clipped_high_tokens"]
         if kl is not None:
-            stats["kl_sum"] = torch.where(valid, kl, torch.zeros_like(kl)).sum()
+            stats["kl_sum"] = torch.where(valid, kl, zeros).sum()
     return per_token, stats
 
 
-def loss_numerator(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str) -> torch.Tensor:
+def loss_numerator(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str
+) -> torch.Tensor:
     """A micro-batch's share of the iteration loss, before the iteration-level normalisation.
 
     ``grpo``: the sum over sequences of (sequence token sum / its token count, at least 1);

@@ -47,8 +47,7 @@ def arithmetic_problems(
         for a in range(max_operand + 1)
         for b in range(max_operand + 1)
         for op in ops
-        if (op != "-" or a >= b)
-        and _is_held_out(a, op, b, held_out_fraction) == (split == "test")
+        if (op != "-" or a >= b) and _is_held_out(a, op, b, held_out_fraction) == (split == "test")
     ]
     rng = random.Random(f"{split}-{seed}")
     if split == "train":

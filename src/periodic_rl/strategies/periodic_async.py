@@ -117,6 +117,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
             gpus_per_worker=self.gpus_per_worker,
             worker_cores=self.worker_cores,
             groups_per_call=self.groups_per_call,
+            spans=self.spans,
         )
         fabric.start()
         return fabric
@@ -128,7 +129,9 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         super().teardown()
 
     # ---- weights ------------------------------------------------------------------------------
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self.policy_version += 1
         self.push_weights()
@@ -143,7 +146,9 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         return self.weights_fingerprint
 
     # ---- rollouts -----------------------------------------------------------------------------
-    def generate_groups(self, jobs: list[GroupJob], sampling: SamplingConfig) -> list[GeneratedGroup]:
+    def generate_groups(
+        self, jobs: list[GroupJob], sampling: SamplingConfig
+    ) -> list[GeneratedGroup]:
         """All groups of ``jobs`` with the current weights (evaluation; no streaming)."""
         return list(self.rollouts.generate(jobs, sampling, self.policy_version))
 
@@ -165,17 +170,15 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         self.spans.new_iteration(self.policy_version)
         stream = GroupStream()
         producer = threading.Thread(
-            target=self._produce, args=(jobs, sampling, score, stream), daemon=True
+            target=self._produce,
+            args=(jobs, sampling, score, stream, on_all_scored),
+            name="periodic-rl-rollouts",
+            daemon=True,
         )
         producer.start()
         try:
-            if not self.overlap or on_all_scored is not None:
-                groups = stream.drain()
-                if on_all_scored is not None:
-                    on_all_scored(groups)
-                for start in range(0, len(groups), max(1, micro_batch_size // jobs[0].n)):
-                    yield groups[start : start + max(1, micro_batch_size // jobs[0].n)]
-                return
+            if not self.overlap:
+                producer.join()  # the synchronous baseline: generate everything, then train
             while True:
                 wait_start = time.time()
                 groups = stream.get_micro_batch(micro_batch_size)
@@ -188,13 +191,27 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         finally:
             producer.join()
 
-    def _produce(self, jobs: list[GroupJob], sampling: SamplingConfig, score: ScoreFn, stream: GroupStream) -> None:
+    def _produce(
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        score: ScoreFn,
+        stream: GroupStream,
+        on_all_scored: Callable[[list[RolloutGroup]], None] | None,
+    ) -> None:
+        """Generate and score the iteration's groups into ``stream`` (runs in its own thread)."""
         try:
+            held: list[RolloutGroup] = []
             for generated in self.rollouts.generate(jobs, sampling, self.policy_version):
-                self.spans.add(
-                    "generate", f"worker-{generated.worker}", generated.started, generated.finished
-                )
-                stream.put(score(generated))
+                group = score(generated)
+                if on_all_scored is None:
+                    stream.put(group)
+                else:
+                    held.append(group)
+            if on_all_scored is not None:  # advantages that need every reward of the iteration
+                on_all_scored(held)
+                for group in held:
+                    stream.put(group)
             stream.close()
         except BaseException as error:  # re-raised in the trainer's thread
             stream.error(error)

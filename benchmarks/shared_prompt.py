@@ -1,0 +1,209 @@
+"""Shared-prompt packing vs the padded forward: training forward+backward time and memory.
+
+For each model, group size G and (prompt, response) length pair, runs ``completion_logprobs``
+(then ``backward()`` of a weighted sum of the log-probs, i.e. a training step without the
+optimizer) on G completions of one prompt, packed and padded, and reports::
+
+    token ratio = G (P + R) / (P + G R)     (tokens the padded path runs / tokens packed)
+    time ratio  = padded time / packed time  (the measured speed-up)
+    efficiency  = time ratio / token ratio   (target >= 0.8)
+
+Memory is reported two ways: the bytes of tensors autograd saves for backward (deterministic; the
+activation memory the packing reduces) and the process RSS high-water mark during the step
+(sampled; noisy on a shared machine).
+
+Quick check on a small config (what docs/shared_prompt.md shows)::
+
+    .venv/bin/python benchmarks/shared_prompt.py --models small --quick
+
+Everything (SmolLM2-135M as well, several minutes on 2 CPU cores)::
+
+    .venv/bin/python benchmarks/shared_prompt.py --models small smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from periodic_rl.attention import completion_logprobs
+
+GROUP_SIZES = (4, 8, 16)
+LENGTHS = ((256, 64), (128, 128), (64, 256))
+
+
+def small_model() -> torch.nn.Module:
+    """A 4-layer Llama with SmolLM2's vocabulary (so the lm_head cost is realistic)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def smollm2_model() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from periodic_rl.models import resolve_model
+
+    path = resolve_model("smollm2-135m-instruct")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+MODELS = {"small": small_model, "smollm2": smollm2_model}
+
+
+class RssPeak:
+    """Samples this process's resident set size in a thread; ``peak`` is the maximum seen."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> RssPeak:
+        self.base = self._rss()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def train_step(model: torch.nn.Module, groups: list, shared: bool) -> dict[str, float]:
+    """One forward+backward; returns seconds, saved-activation MiB and RSS peak increase MiB."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with RssPeak() as rss:
+        start = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logps, mask = completion_logprobs(model, groups, shared_prompt=shared)
+        weights = torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)
+        (logps * weights * mask).sum().backward()
+        seconds = time.perf_counter() - start
+    params = {p.data_ptr() for p in model.parameters()}
+    activations = sum(n for ptr, n in saved.items() if ptr not in params)
+    return {
+        "seconds": seconds,
+        "saved_mib": activations / 2**20,
+        "rss_peak_mib": max(0, rss.peak - rss.base) / 2**20,
+    }
+
+
+def make_groups(g: int, p: int, r: int, vocab: int, seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, vocab, (p,), generator=gen).tolist()
+    return [(prompt, [torch.randint(3, vocab, (r,), generator=gen).tolist() for _ in range(g)])]
+
+
+def measure(
+    model: torch.nn.Module, g: int, p: int, r: int, repeats: int, warmup: int
+) -> dict[str, Any]:
+    vocab = model.config.vocab_size
+    groups = make_groups(g, p, r, vocab, seed=g * 1000 + p)
+    row: dict[str, Any] = {"G": g, "P": p, "R": r, "token_ratio": g * (p + r) / (p + g * r)}
+    for name, shared in (("padded", False), ("packed", True)):
+        for _ in range(warmup):
+            train_step(model, groups, shared)
+        runs = [train_step(model, groups, shared) for _ in range(repeats)]
+        row[f"{name}_s"] = statistics.median(x["seconds"] for x in runs)
+        row[f"{name}_saved_mib"] = runs[0]["saved_mib"]
+        row[f"{name}_rss_mib"] = max(x["rss_peak_mib"] for x in runs)
+    row["time_ratio"] = row["padded_s"] / row["packed_s"]
+    row["efficiency"] = row["time_ratio"] / row["token_ratio"]
+    row["memory_ratio"] = row["padded_saved_mib"] / max(row["packed_saved_mib"], 1e-9)
+    return row
+
+
+def print_table(model_name: str, rows: list[dict[str, Any]]) -> None:
+    header = (
+        f"{'G':>3} {'P':>4} {'R':>4} | {'tok ratio':>9} {'time ratio':>10} {'eff':>5} | "
+        f"{'padded s':>8} {'packed s':>8} | {'saved MiB pad/pack':>19} | {'RSS+ MiB pad/pack':>18}"
+    )
+    print(f"\n## {model_name}\n{header}\n{'-' * len(header)}")
+    for x in rows:
+        print(
+            f"{x['G']:>3} {x['P']:>4} {x['R']:>4} | {x['token_ratio']:>9.2f} "
+            f"{x['time_ratio']:>10.2f} {x['efficiency']:>5.2f} | {x['padded_s']:>8.2f} "
+            f"{x['packed_s']:>8.2f} | {x['padded_saved_mib']:>9.0f}/{x['packed_saved_mib']:<9.0f} | "
+            f"{x['padded_rss_mib']:>8.0f}/{x['packed_rss_mib']:<9.0f}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["small"], choices=sorted(MODELS))
+    parser.add_argument("--groups", nargs="+", type=int, default=list(GROUP_SIZES))
+    parser.add_argument("--lengths", nargs="+", default=[f"{p}x{r}" for p, r in LENGTHS])
+    parser.add_argument("--quick", action="store_true", help="1 warm-up, 1 timed run per cell")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "shared_prompt.json"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats, warmup = (1, 1) if args.quick else (args.repeats, 1)
+    lengths = [tuple(int(v) for v in s.split("x")) for s in args.lengths]
+
+    results: dict[str, Any] = {
+        "command": "python benchmarks/shared_prompt.py " + " ".join(os.sys.argv[1:]),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "backend": "auto (split on CPU)",
+        "models": {},
+    }
+    for model_name in args.models:
+        model = MODELS[model_name]().train()
+        rows = []
+        for p, r in lengths:
+            for g in args.groups:
+                rows.append(measure(model, g, p, r, repeats, warmup))
+        print_table(model_name, rows)
+        results["models"][model_name] = rows
+        del model
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Plugging the shared-prompt backends into transformers' attention interface.
+
+One attention function, ``periodic_rl_shared_prompt``, is registered in
+``transformers.AttentionInterface`` (and a matching entry in ``AttentionMaskInterface``). While a
+model is inside :func:`shared_prompt_attention`, its configs point at that name. The function then
+dispatches per call:
+
+- the call carries a :class:`SharedPromptLayout` in its kwargs (transformers forwards
+  ``model(**kwargs)`` down to every attention call): shared-prompt attention with the layout's
+  backend;
+- it carries none (an ordinary forward, generation in another thread, ...): the model's original
+  attention implementation, with the original mask function, exactly as without us.
+
+Why a dispatcher and not a plain temporary switch: with gradient checkpointing the layers run
+their forward again during ``backward()``. The layout is captured with the layer's kwargs, but the
+attention function is looked up from the config at that moment, so the config must still point at
+a function that understands the layout. Wrap forward and backward in
+``with shared_prompt_attention(model):`` in that case (``completion_logprobs`` says so if you
+forget).
+
+Models whose attention cannot take the layout are refused, not approximated: models that do not
+use the interface, layers that are not attention (convolutions, recurrences mix tokens across the
+packed responses), sliding windows shorter than prompt + response, softcapping on a backend without
+it, attention sinks, position biases.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from periodic_rl.attention.backends import BACKENDS, AttentionOptions
+from periodic_rl.attention.layout import SharedPromptLayout
+
+ATTN_NAME = "periodic_rl_shared_prompt"
+LAYOUT_KWARG = "shared_prompt_layout"
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+# id(config) -> (weak ref to it, the attention implementation it had before we switched it).
+# Keyed by id: configs define __eq__ and are unhashable.
+_INNER: dict[int, tuple[weakref.ref[PretrainedConfig], str | None]] = {}
+# True while this thread runs a shared-prompt forward: the mask function then builds nothing
+_SHARED_FORWARD: ContextVar[bool] = ContextVar("periodic_rl_shared_forward", default=False)
+
+
+class SharedPromptUnsupportedError(ValueError):
+    """The model's attention cannot be computed with the shared-prompt layout."""
+
+
+def _remember_inner(config: PretrainedConfig, inner: str | None) -> None:
+    key = id(config)
+    _INNER[key] = (weakref.ref(config, lambda _ref: _INNER.pop(key, None)), inner)
+
+
+def _inner_name(config: Any) -> str | None:
+    entry = _INNER.get(id(config))
+    if entry is not None and entry[0]() is config:
+        return entry[1]
+    raise RuntimeError(
+        f"attention implementation {ATTN_NAME!r} was selected outside shared_prompt_attention(); "
+        "enter `with periodic_rl.attention.shared_prompt_attention(model):` instead of setting "
+        "it by hand"
+    )
+
+
+def _delegate(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Run the model's original attention function (a forward without a layout)."""
+    inner = _inner_name(module.config)
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, eager)
+    if fn is None:
+        raise RuntimeError(f"cannot find the original attention ({inner!r}) of {type(module)}")
+    return fn(module, *args, **kwargs)
+
+
+def shared_prompt_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The registered attention function: shared-prompt attention when a layout is passed."""
+    layout: SharedPromptLayout | None = kwargs.pop(LAYOUT_KWARG, None)
+    if layout is None:
+        return _delegate(module, query, key, value, attention_mask, **kwargs)
+    backend = BACKENDS[layout.backend]
+    where = f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')})"
+    window = kwargs.get("sliding_window")
+    if window is not None and window < layout.max_span:
+        raise SharedPromptUnsupportedError(
+            f"{where} uses a sliding window of {window} tokens, shorter than prompt + response "
+            f"({layout.max_span}): the window would cut the shared prompt. Use shared_prompt=False."
+        )
+    softcap = kwargs.get("softcap")
+    if softcap is not None and not backend.softcap:
+        raise SharedPromptUnsupportedError(
+            f"{where} uses attention-logit softcapping ({softcap}), which backend "
+            f"{backend.name!r} cannot apply; use 'flex' or 'flash' (GPU) or shared_prompt=False"
+        )
+    for name in ("s_aux", "sinks", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise SharedPromptUnsupportedError(f"{where} passes {name!r}, which is not supported")
+    if kwargs.get("is_causal", True) is False or not getattr(module, "is_causal", True):
+        raise SharedPromptUnsupportedError(f"{where} is not causal attention")
+    dropout = float(kwargs.get("dropout", 0.0) or 0.0)
+    if dropout and not backend.dropout:
+        raise SharedPromptUnsupportedError(
+            f"{where}: attention dropout {dropout} with backend {backend.name!r}; use model.eval() "
+            "or attention_dropout=0 (or another backend)"
+        )
+    n = layout.total_len
+    if query.shape[0] != 1 or query.shape[2] != n or key.shape[2] != n:
+        raise SharedPromptUnsupportedError(
+            f"{where}: expected query/key length {n} in one row, got query {tuple(query.shape)} "
+            f"key {tuple(key.shape)} (a KV cache or extra tokens?)"
+        )
+    layout.calls += 1
+    opt = AttentionOptions(scaling=kwargs.get("scaling"), dropout=dropout, softcap=softcap)
+    return backend.fn(query, key, value, layout, opt), None
+
+
+def _shared_prompt_mask(*args: Any, **kwargs: Any) -> Any:
+    """Mask function for our name: nothing during a shared forward, else the original one."""
+    if _SHARED_FORWARD.get():
+        return None  # the backend builds its own (small, cached) masks from the layout
+    inner = _inner_name(kwargs.get("config"))
+    if inner not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        return None  # what transformers does for implementations without a mask function
+    return ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
+
+
+AttentionInterface.register(ATTN_NAME, shared_prompt_attention_forward)
+AttentionMaskInterface.register(ATTN_NAME, _shared_prompt_mask)
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (the same modules, not a copy)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _configs(model: torch.nn.Module) -> list[PretrainedConfig]:
+    seen: dict[int, PretrainedConfig] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+@contextmanager
+def shared_prompt_attention(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Point ``model``'s attention at the shared-prompt dispatcher for the duration of the block.
+
+    Re-entrant (an inner block is a no-op). Forwards without a layout inside the block behave as
+    before. Needed around ``backward()`` too when the model uses gradient checkpointing.
+    """
+    saved = []
+    for config in _configs(model):
+        if config._attn_implementation != ATTN_NAME:
+            saved.append((config, config._attn_implementation_internal))
+    for config, inner in saved:
+        _remember_inner(config, inner)
+        config._attn_implementation_internal = ATTN_NAME
+    try:
+        yield model
+    finally:
+        for config, inner in saved:
+            config._attn_implementation_internal = inner
+
+
+def is_shared_prompt_active(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is inside :func:`shared_prompt_attention`."""
+    configs = _configs(model)
+    return bool(configs) and all(c._attn_implementation == ATTN_NAME for c in configs)
+
+
+@contextmanager
+def shared_forward() -> Iterator[None]:
+    """Mark this thread's forward as a shared-prompt one (the mask function then builds nothing)."""
+    token = _SHARED_FORWARD.set(True)
+    try:
+        yield
+    finally:
+        _SHARED_FORWARD.reset(token)
+
+
+def check_model_supported(model: torch.nn.Module) -> None:
+    """Refuse, before any compute, models whose attention cannot take a shared-prompt layout."""
+    base = unwrap_model(model)
+    name = type(base).__name__
+    if not isinstance(base, PreTrainedModel):
+        raise SharedPromptUnsupportedError(f"{name} is not a transformers PreTrainedModel")
+    if not type(base)._can_set_attn_implementation():
+        raise SharedPromptUnsupportedError(
+            f"{name} does not use transformers' AttentionInterface, so the shared-prompt layout "
+            "cannot reach its attention; use shared_prompt=False"
+        )
+    peft_config = getattr(model, "active_peft_config", None)
+    if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
+        raise SharedPromptUnsupportedError(
+            "prompt-learning peft adapters (prefix/prompt tuning) add virtual tokens; use "
+            "shared_prompt=False"
+        )
+    text = base.config.get_text_config()
+    if not getattr(text, "is_causal", True):
+        raise SharedPromptUnsupportedError(
+            f"{name} is configured as bidirectional (is_causal=False)"
+        )
+    layer_types = getattr(text, "layer_types", None) or []
+    other = sorted(set(layer_types) - ATTENTION_LAYER_TYPES)
+    if other:
+        raise SharedPromptUnsupportedError(
+            f"{name} has layers of type {other}: only attention layers "
+            f"({sorted(ATTENTION_LAYER_TYPES)}) keep packed replies apart; use shared_prompt=False"
+        )
+
+
+def check_layout_consumed(model: torch.nn.Module, layout: SharedPromptLayout) -> None:
+    """After the forward: every decoder layer must have run its attention through our function."""
+    text = unwrap_model(model).config.get_text_config()
+    expected = getattr(text, "num_hidden_layers", None)
+    if layout.calls == 0 or (expected is not None and layout.calls != expected):
+        raise SharedPromptUnsupportedError(
+            f"{type(unwrap_model(model)).__name__}: {layout.calls} attention calls used the "
+            f"shared-prompt layout, expected {expected} (one per layer). Some layers do not "
+            "go through transformers' AttentionInterface (or another thread restored the attention "
+            "implementation mid-forward); their result would be wrong. Use shared_prompt=False."
+        )
+
+
+def needs_checkpoint_session(model: torch.nn.Module) -> bool:
+    """Whether this forward will recompute layers in backward (gradient checkpointing, training)."""
+    base = unwrap_model(model)
+    return bool(
+        getattr(base, "is_gradient_checkpointing", False)
+        and base.training
+        and torch.is_grad_enabled()
+    )

@@ -1,0 +1,182 @@
+"""Per-token log-probabilities of completions: the function the trainer calls.
+
+``completion_logprobs(model, groups)`` encodes each prompt once per group (packed layout,
+shared-prompt attention) and projects through ``lm_head`` only the hidden states that predict a
+completion token (``logits_to_keep``). ``shared_prompt=False`` is the ordinary padded forward, the
+reference both paths are tested against.
+
+The model is called as a whole (``model(input_ids=..., logits_to_keep=...)``), not its decoder
+plus ``lm_head`` by hand, so whatever the causal-LM head does (final-logit softcapping, logit
+scaling, a peft wrapper's forward, ``disable_adapter()``) is kept.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Literal, overload
+
+import torch
+
+from periodic_rl.attention.backends import select_backend
+from periodic_rl.attention.integration import (
+    LAYOUT_KWARG,
+    check_layout_consumed,
+    check_model_supported,
+    is_shared_prompt_active,
+    needs_checkpoint_session,
+    shared_forward,
+    shared_prompt_attention,
+)
+from periodic_rl.attention.packing import Group, ModelBatch, pack_groups, pad_groups
+
+_ENTROPY_CHUNK = 256  # rows of [K, V] logits turned into probabilities at a time
+
+
+def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    weight = model.get_input_embeddings().weight
+    dtype = weight.dtype
+    if weight.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(weight.device.type):
+        dtype = torch.get_autocast_dtype(weight.device.type)
+    return weight.device, dtype
+
+
+def _needs_backward(model: torch.nn.Module) -> bool:
+    return torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+
+
+def token_logprobs(
+    logits: torch.Tensor, batch: ModelBatch, *, return_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gather ``log p(target)`` (float32, ``[N, T]``) from the projected rows ``logits [B, K, V]``.
+
+    The log-normaliser is computed once per projected row (a shared prompt row is read by all G
+    first tokens). Entropy, if asked for, is detached: it is logged, not trained on.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    lse = torch.logsumexp(flat.float(), dim=-1)
+    rows, targets = batch.rows.reshape(-1), batch.targets.reshape(-1)
+    picked = flat[rows, targets].float() - lse[rows]
+    valid = batch.mask.reshape(-1) > 0
+    logps = torch.where(valid, picked, torch.zeros_like(picked)).view_as(batch.mask)
+    if not return_entropy:
+        return logps, None
+    with torch.no_grad():
+        per_row = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+        for lo in range(0, flat.shape[0], _ENTROPY_CHUNK):
+            chunk = flat[lo : lo + _ENTROPY_CHUNK].float()
+            logp = chunk - lse[lo : lo + _ENTROPY_CHUNK, None]
+            per_row[lo : lo + _ENTROPY_CHUNK] = -(logp.exp() * logp).sum(-1)
+        entropy = torch.where(valid, per_row[rows], torch.zeros_like(per_row[rows]))
+    return logps, entropy.view_as(batch.mask)
+
+
+def _forward(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.logits_to_keep,
+        use_cache=False,
+        **({LAYOUT_KWARG: batch.layout} if batch.layout is not None else {}),
+    )
+    logits = out.logits
+    expected = (batch.input_ids.shape[0], batch.logits_to_keep.numel())
+    if tuple(logits.shape[:2]) != expected:
+        raise RuntimeError(
+            f"{type(model).__name__} returned logits {tuple(logits.shape)}, expected {expected}: "
+            "its forward does not honour a tensor logits_to_keep"
+        )
+    return logits
+
+
+@overload
+def completion_logprobs(
+    model: torch.nn.Module,
+    groups: list[Group],
+    *,
+    shared_prompt: bool = ...,
+    backend: str = ...,
+    pad_token_id: int = ...,
+    return_entropy: Literal[False] = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def completion_logprobs(
+    model: torch.nn.Module,
+    groups: list[Group],
+    *,
+    shared_prompt: bool = ...,
+    backend: str = ...,
+    pad_token_id: int = ...,
+    return_entropy: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    groups: list[Group],
+    *,
+    shared_prompt: bool = True,
+    backend: str = "auto",
+    pad_token_id: int = 0,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Log-probabilities of every completion token given its prompt and preceding tokens.
+
+    Args:
+        model: a transformers causal LM (or a peft wrapper of one). Its current mode decides
+            dropout; under ``torch.no_grad()`` / ``model.disable_adapter()`` this is the
+            reference forward.
+        groups: ``[(prompt_ids, [completion_ids_1, ..., completion_ids_G]), ...]``; G and the
+            lengths may differ.
+        shared_prompt: pack each group as ``[prompt | r1 | ... | rG]`` (prompt encoded once) with
+            shared-prompt attention; False: one padded row per completion (the reference).
+        backend: ``auto`` (flash / flex on CUDA, split elsewhere) or a name from
+            :data:`periodic_rl.attention.BACKENDS` (``sdpa``, ``split``, ``flex``, ``flash``).
+        pad_token_id: filler of the padded path (masked out, so its value does not matter).
+        return_entropy: also return the (detached) per-token entropy of the predictive
+            distribution, ``[N, T]``; it costs one extra pass over the projected logits.
+
+    Returns:
+        ``(logps, mask)`` (or ``(logps, mask, entropy)``), each ``[N, T]`` float32 with ``N`` the
+        completions in group order and ``T`` the longest completion; 0 where ``mask`` is 0.
+
+    Raises:
+        SharedPromptUnsupportedError: the model's attention cannot take the packed layout
+            (sliding window shorter than prompt + response, non-attention layers, ...).
+        RuntimeError: gradient checkpointing without an enclosing
+            ``shared_prompt_attention(model)`` block (backward would recompute plain attention).
+    """
+    device, dtype = _model_device_dtype(model)
+    if shared_prompt:
+        chosen = select_backend(backend, device, dtype, needs_backward=_needs_backward(model))
+        batch = pack_groups(groups, backend=chosen.name).to(device)
+    else:
+        batch = pad_groups(groups, pad_token_id).to(device)
+    if batch.mask.sum() == 0:
+        empty = torch.zeros_like(batch.mask)
+        return (empty, batch.mask, empty.clone()) if return_entropy else (empty, batch.mask)
+
+    if not shared_prompt:
+        logits = _forward(model, batch)
+    else:
+        check_model_supported(model)
+        active = is_shared_prompt_active(model)
+        if needs_checkpoint_session(model) and not active:
+            raise RuntimeError(
+                "gradient checkpointing recomputes attention during backward(), after this call "
+                "has returned: wrap both in `with periodic_rl.attention.shared_prompt_attention("
+                "model):` (forward and backward), or use shared_prompt=False"
+            )
+        with ExitStack() as stack:
+            if not active:
+                stack.enter_context(shared_prompt_attention(model))
+            stack.enter_context(shared_forward())
+            logits = _forward(model, batch)
+        check_layout_consumed(model, batch.layout)
+
+    logps, entropy = token_logprobs(logits, batch, return_entropy=return_entropy)
+    if return_entropy:
+        return logps, batch.mask, entropy
+    return logps, batch.mask

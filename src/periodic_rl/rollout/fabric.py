@@ -1,0 +1,537 @@
+"""`RolloutFabric`: rollout workers on Ray, fed prompt groups, streaming them back as they finish.
+
+One iteration, from the strategy's side::
+
+    fabric.push_weights(state_dict, version)      # every worker verified to hold exactly these
+    for group in fabric.generate(jobs, sampling, version):
+        ...                                        # groups in completion order, each job once
+
+Scheduling: jobs are cut into calls of ``groups_per_call`` groups. A worker holds at most
+``max_calls_in_flight`` calls (2: it starts the next call while the result of the previous one
+travels back), and a worker gets new work only when one of its calls completes, so faster
+workers take more: load balanced by completion, not round robin.
+
+Faults: a worker that dies (``RayActorError``) is replaced by a new actor on the same cores,
+brought to the current weights (fingerprint checked), and its unfinished calls are dispatched
+again with the same seeds. Calls the dead worker had already finished are kept; nothing is lost
+or yielded twice, and the groups equal those of a fault-free run (engines are seeded per group).
+
+Ray is started only by :meth:`RolloutFabric.start` (from the strategy's setup, never at import),
+locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster, as checked
+with ``ss -ltnp``: there is no dashboard (``include_dashboard=False``) and the dashboard host is
+127.0.0.1, but Ray's own gRPC servers (GCS, raylet, object manager, workers) always listen on
+all interfaces, and ``_node_ip_address="127.0.0.1"`` is rewritten by Ray to the routable address
+(``resolve_ip_for_localhost``), so it buys nothing and is not passed. Ray 2.60 enables token
+authentication for a local cluster by default (``RAY_AUTH_MODE``), which is what guards them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.timing import SpanRecorder, worker_lane
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.rollout.worker import _start_time, remote_worker, to_payload
+
+__all__ = ["GeneratedGroup", "GroupJob", "RolloutFabric"]
+
+log = logging.getLogger(__name__)
+
+_SRC_DIR = str(Path(__file__).resolve().parents[2])  # .../src, so workers import periodic_rl
+
+
+@dataclass
+class _Slot:
+    """One worker position: its cores survive restarts, its actor does not."""
+
+    index: int
+    cores: list[int] | None
+    actor: Any = None
+    incarnation: int = 0
+    in_flight: int = 0
+    restarts: int = 0
+    ready: Any = None  # ObjectRef of a restarted actor's warm_up; None when it can take work
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Call:
+    slot: int
+    incarnation: int
+    jobs: list[GroupJob]
+
+
+class RolloutFabric:
+    """A set of :class:`~periodic_rl.rollout.worker.RolloutWorker` actors behind one API.
+
+    Args:
+        engine: what each worker builds.
+        num_workers: number of workers (Ray actors).
+        ray_address: an existing cluster to join; by default a new local one is started
+            (only if Ray is not initialised in this process already).
+        cpus_per_worker, gpus_per_worker: Ray resources reserved per worker.
+        worker_cores: CPU cores to pin each worker to (one list per worker).
+        groups_per_call: prompt groups per worker call (more: better batching; fewer: groups
+            reach the trainer sooner).
+        max_calls_in_flight: calls queued per worker at once.
+        max_restarts: restarts allowed per worker before a death is fatal.
+        pythonpath: extra directories the workers must import from (a user's engine module).
+        env_vars: extra environment variables for the workers.
+        spans: where to record timing spans (a fresh :class:`SpanRecorder` by default).
+        ray_init_kwargs: overrides for the local ``ray.init`` (e.g. ``num_cpus``,
+            ``object_store_memory``).
+    """
+
+    def __init__(
+        self,
+        engine: EngineSpec,
+        num_workers: int = 1,
+        *,
+        ray_address: str | None = None,
+        cpus_per_worker: float = 1,
+        gpus_per_worker: float = 0,
+        worker_cores: list[list[int]] | None = None,
+        groups_per_call: int = 2,
+        max_calls_in_flight: int = 2,
+        max_restarts: int = 3,
+        pythonpath: list[str] | None = None,
+        env_vars: dict[str, str] | None = None,
+        spans: SpanRecorder | None = None,
+        ray_init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(engine, EngineSpec):
+            raise TypeError(f"engine must be an EngineSpec, got {type(engine).__name__}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if worker_cores is not None and len(worker_cores) != num_workers:
+            raise ValueError(f"worker_cores has {len(worker_cores)} entries for {num_workers}")
+        if groups_per_call < 1 or max_calls_in_flight < 1:
+            raise ValueError("groups_per_call and max_calls_in_flight must be >= 1")
+        self.spec = engine
+        self.num_workers = num_workers
+        self.ray_address = ray_address
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.groups_per_call = groups_per_call
+        self.max_calls_in_flight = max_calls_in_flight
+        self.max_restarts = max_restarts
+        self.pythonpath = list(pythonpath or [])
+        self.env_vars = dict(env_vars or {})
+        self.spans = spans if spans is not None else SpanRecorder()
+        self.ray_init_kwargs = dict(ray_init_kwargs or {})
+        self._slots = [
+            _Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
+        ]
+        self.version: int | None = None  # None: the weights the engines were built from
+        self.fingerprint: str | None = None
+        self.restarts = 0
+        self.timings: dict[str, Any] = {}
+        self._weights_ref: Any = None  # the latest push, kept only to warm up restarted workers
+        self._weights_ok = True
+        self._actor_class: Any = None
+        self._owns_ray = False
+        self._started = False
+        self._closed = False
+        self.poll_s = 1.0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self) -> RolloutFabric:
+        """Start Ray if needed, start every worker and wait until all hold the same weights."""
+        if self._closed:
+            raise RuntimeError("this RolloutFabric was shut down; create a new one")
+        if self._started:
+            return self
+        import ray
+
+        began = time.time()
+        if not ray.is_initialized():
+            with _all_cores():
+                ray.init(**self._ray_init_args())
+            self._owns_ray = True
+        self.timings["ray_init_s"] = time.time() - began
+        atexit.register(self.shutdown)
+        self._started = True
+        try:
+            began = time.time()
+            self._actor_class = remote_worker(self.cpus_per_worker, self.gpus_per_worker)
+            for slot in self._slots:
+                self._launch(slot, None, None)
+            fingerprints = [self._settle(slot, expected=None) for slot in self._slots]
+        except BaseException:
+            self.shutdown()
+            raise
+        self.timings["workers_start_s"] = time.time() - began
+        self.timings["worker_startup_s"] = [slot.info.get("startup_s") for slot in self._slots]
+        if len(set(fingerprints)) != 1:
+            self.shutdown()
+            raise RuntimeError(f"workers started with different weights: {fingerprints}")
+        self.fingerprint = fingerprints[0]
+        return self
+
+    def _ray_init_args(self) -> dict[str, Any]:
+        if self.ray_address:
+            return {"address": self.ray_address, **self.ray_init_kwargs}
+        args: dict[str, Any] = {
+            "address": "local",  # never join a stray cluster from RAY_ADDRESS / ray start
+            "num_cpus": os.cpu_count() or 1,
+            "include_dashboard": False,
+            "dashboard_host": "127.0.0.1",
+        }
+        args.update(self.ray_init_kwargs)
+        return args
+
+    def _runtime_env(self) -> dict[str, Any]:
+        """Per-actor runtime env: ``PYTHONPATH`` so the actor and vLLM's own worker processes
+        (which inherit the actor's environment) can import this package and the user's code."""
+        paths = [_SRC_DIR, *self.pythonpath]
+        paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths.append(os.getcwd())
+        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **self.env_vars}
+        return {"env_vars": env}
+
+    def _launch(self, slot: _Slot, weights_ref: Any, version: int | None) -> None:
+        """Start a new actor in ``slot``; its warm-up (weights load) runs asynchronously."""
+        slot.actor = self._actor_class.options(runtime_env=self._runtime_env()).remote(
+            slot.index, self.spec, slot.cores
+        )
+        slot.incarnation += 1
+        slot.in_flight = 0
+        weights = [weights_ref] if weights_ref is not None else None
+        slot.ready = slot.actor.warm_up.remote(weights, version)
+
+    def _settle(self, slot: _Slot, expected: str | None) -> str:
+        """Wait for a starting worker; check it holds ``expected`` weights; return its
+        fingerprint. A worker that dies while starting is restarted (within the limit)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        while slot.ready is not None:
+            ref = slot.ready
+            try:
+                info = ray.get(ref)
+            except RayActorError as error:
+                if slot.ready is ref:
+                    self._restart(slot, slot.incarnation, error)
+                continue
+            if slot.ready is not ref:
+                continue
+            if expected is not None and info["fingerprint"] != expected:
+                raise RuntimeError(
+                    f"rollout worker {slot.index} (pid {info['pid']}) restarted with weights "
+                    f"{info['fingerprint']}, expected {expected} (version {self.version})"
+                )
+            slot.info, slot.ready = info, None
+        return slot.info["fingerprint"]
+
+    def _restart(
+        self,
+        slot: _Slot,
+        incarnation: int,
+        error: BaseException,
+        weights: Any = ...,
+        version: Any = ...,
+    ) -> None:
+        """Replace the dead actor of ``slot`` (once per death) and bring it to ``weights``
+        (default: the current ones); raises when the slot has used up its restarts."""
+        if incarnation != slot.incarnation or self._closed:
+            return  # this death was handled already (or we are shutting down)
+        slot.restarts += 1
+        self.restarts += 1
+        if slot.restarts > self.max_restarts:
+            raise RuntimeError(
+                f"rollout worker {slot.index} died {slot.restarts} times; giving up"
+            ) from error
+        log.warning("rollout worker %d died (%s); restarting it", slot.index, error)
+        self._kill(slot)
+        if weights is ...:
+            weights, version = self._weights_ref, self.version
+        self._launch(slot, weights, version)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> str:
+        """Load ``state_dict`` on every worker (one ``ray.put``) and check every worker's
+        fingerprint against :func:`weights_fingerprint`; returns it. Raises ``RuntimeError``
+        naming the worker(s) on a mismatch (generation is refused until a push succeeds)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        self._require_started()
+        for slot in self._slots:
+            self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
+        began = time.time()
+        expected = weights_fingerprint(state_dict)
+        hashed = time.time()
+        ref = ray.put(to_payload(state_dict))
+        put = time.time()
+        calls = [
+            (s, s.incarnation, s.actor.load_weights.remote([ref], version)) for s in self._slots
+        ]
+        got: dict[int, str] = {}
+        for slot, incarnation, call in calls:
+            try:
+                got[slot.index] = ray.get(call)
+            except RayActorError as error:  # restart it straight onto the new weights
+                self._restart(slot, incarnation, error, ref, version)
+                got[slot.index] = self._settle(slot, expected=None)
+        del calls
+        bad = {i: fp for i, fp in got.items() if fp != expected}
+        if bad:
+            self._weights_ok = False
+            self._weights_ref = None
+            details = ", ".join(
+                f"worker {i} (pid {self._slots[i].info.get('pid')}) reported {fp}"
+                for i, fp in sorted(bad.items())
+            )
+            raise RuntimeError(
+                f"weight push of version {version} failed: expected fingerprint {expected}, "
+                f"{details}"
+            )
+        self._weights_ref = ref  # the previous push's object is released here
+        self.version, self.fingerprint, self._weights_ok = version, expected, True
+        end = time.time()
+        self.timings.update(
+            last_push_s=end - began,
+            last_push_hash_s=hashed - began,
+            last_push_put_s=put - hashed,
+            last_push_load_s=end - put,
+        )
+        self.spans.add("weight push", "weights", began, end, version=version)
+        return expected
+
+    # ---- generation -------------------------------------------------------------------------
+    def generate(
+        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+    ) -> Iterator[GeneratedGroup]:
+        """Generate every job on the workers; yield each group once, in completion order."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        self._require_started()
+        if not self._weights_ok:
+            raise RuntimeError("the last weight push failed; push weights before generating")
+        if self.version is not None and version != self.version:
+            raise ValueError(f"generate for version {version}, workers hold {self.version}")
+        expected_indices = {job.index for job in jobs}
+        if len(expected_indices) != len(jobs):
+            raise ValueError("job indices must be unique within one generate call")
+        size = self.groups_per_call
+        pending = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
+        in_flight: dict[Any, _Call] = {}
+        yielded: set[int] = set()
+        try:
+            while pending or in_flight:
+                self._dispatch(pending, in_flight, sampling, version)
+                starting = {s.ready: s for s in self._slots if s.ready is not None}
+                waitables = [*in_flight, *starting]
+                ready, _ = ray.wait(waitables, num_returns=1, timeout=self.poll_s)
+                if self._closed:
+                    raise RuntimeError("the rollout fabric was shut down during generate")
+                if not ready:
+                    continue
+                ref = ready[0]
+                if ref in starting:
+                    self._settle(starting[ref], expected=self.fingerprint)
+                    continue
+                call = in_flight.pop(ref)
+                slot = self._slots[call.slot]
+                try:
+                    groups: list[GeneratedGroup] = ray.get(ref)
+                except RayActorError as error:
+                    pending.appendleft(call.jobs)  # same jobs, same seeds, another try
+                    self._restart(slot, call.incarnation, error)
+                    continue
+                if call.incarnation == slot.incarnation:
+                    slot.in_flight -= 1
+                self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
+                self._record(groups)
+                for group in groups:
+                    if group.index in yielded or group.index not in expected_indices:
+                        raise RuntimeError(f"group {group.index} came back twice or unasked")
+                    yielded.add(group.index)
+                    yield group
+        finally:
+            for ref, call in in_flight.items():  # abandoned early (consumer stopped, error)
+                slot = self._slots[call.slot]
+                if call.incarnation == slot.incarnation:
+                    slot.in_flight -= 1
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - best effort; the result is dropped anyway
+                    pass
+
+    def _dispatch(
+        self,
+        pending: deque[list[GroupJob]],
+        in_flight: dict[Any, _Call],
+        sampling: SamplingConfig,
+        version: int,
+    ) -> None:
+        """Hand pending calls to the least-loaded workers that have room."""
+        while pending:
+            free = [
+                s
+                for s in self._slots
+                if s.ready is None
+                and s.actor is not None
+                and s.in_flight < self.max_calls_in_flight
+            ]
+            if not free:
+                return
+            slot = min(free, key=lambda s: (s.in_flight, s.index))
+            chunk = pending.popleft()
+            ref = slot.actor.generate.remote(chunk, sampling, version)
+            in_flight[ref] = _Call(slot.index, slot.incarnation, chunk)
+            slot.in_flight += 1
+
+    def _record(self, groups: list[GeneratedGroup]) -> None:
+        if groups:
+            first = groups[0]
+            self.spans.add(
+                "generate",
+                worker_lane(first.worker),
+                first.started,
+                first.finished,
+                groups=len(groups),
+                completions=sum(len(g.completion_ids) for g in groups),
+                tokens=sum(len(c) for g in groups for c in g.completion_ids),
+            )
+
+    # ---- introspection ----------------------------------------------------------------------
+    def worker_pids(self) -> list[int]:
+        """Process id of each worker (as of its last start)."""
+        return [slot.info.get("pid", -1) for slot in self._slots]
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """What each worker reported at its last start or restart."""
+        return [dict(slot.info) for slot in self._slots]
+
+    def _require_started(self) -> None:
+        if self._closed:
+            raise RuntimeError("the rollout fabric was shut down")
+        if not self._started:
+            raise RuntimeError("call RolloutFabric.start() first")
+
+    # ---- shutdown ---------------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = 20.0) -> None:
+        """Stop every worker (gracefully, then by force), remove the ``/dev/shm`` files their
+        processes used, and shut Ray down if this fabric started it. Idempotent; also runs at
+        interpreter exit (``atexit``), so Ctrl-C leaves no worker processes behind."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return
+            live = [s for s in self._slots if s.actor is not None]
+            reports = _graceful(ray, [s.actor.shutdown.remote() for s in live], timeout_s / 2)
+            for slot in live:
+                self._kill(slot)
+            leftovers = [p for r in reports for p in r.get("descendants", [])]
+            _reap(leftovers, timeout_s / 2)
+            for path in {f for r in reports for f in r.get("shm_files", [])}:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            self._weights_ref = None
+        finally:
+            if self._owns_ray:
+                import ray
+
+                ray.shutdown()
+                self._owns_ray = False
+
+    def _kill(self, slot: _Slot) -> None:
+        """Kill the slot's actor and any child processes it had (vLLM's engine process)."""
+        import ray
+
+        if slot.actor is not None:
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        slot.actor, slot.ready, slot.in_flight = None, None, 0
+        if slot.info.get("host") in (None, socket.gethostname()):
+            owned = [(slot.info.get("pid"), slot.info.get("pid_start"))]
+            owned += [tuple(d) for d in slot.info.get("descendants", [])]
+            _reap([d for d in owned if d[0]], 5.0)
+
+    def __enter__(self) -> RolloutFabric:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _graceful(ray: Any, refs: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+    """Results of the workers' ``shutdown`` calls that finish within ``timeout_s``."""
+    if not refs:
+        return []
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    reports = []
+    for ref in done:
+        try:
+            reports.append(ray.get(ref))
+        except Exception:  # noqa: BLE001 - a dead worker has nothing to report
+            pass
+    return reports
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    """Whether ``pid`` still runs and is the same process (not a reuse, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and (start is None or _start_time(pid) == start)
+
+
+def _reap(processes: list[tuple[int, int | None]], timeout_s: float) -> None:
+    """Wait for ``processes`` to exit; SIGKILL those still there after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p, s) for p, s in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, start in processes:
+        if _alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@contextmanager
+def _all_cores() -> Iterator[None]:
+    """Let the processes started inside (Ray's raylet, hence every worker) use every core.
+
+    Affinity is inherited: if the trainer pinned itself before starting Ray, unpinned workers
+    would otherwise all be squeezed onto the trainer's cores.
+    """
+    try:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

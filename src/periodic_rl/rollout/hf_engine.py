@@ -1,0 +1,211 @@
+"""An inference engine on transformers ``generate``: no extra dependency, any device, slow.
+
+Reproducibility: transformers has no per-row random generator, so a batched ``generate`` call's
+samples depend on which rows share the batch. Here each prompt group is one ``generate`` call of
+its ``n`` rows (the same prompt repeated: no padding), and the sampling itself is done by a logits
+processor that draws row ``i`` with its own ``torch.Generator`` seeded
+``sample_seed(request.seed, i)``, then hands ``generate`` a one-hot score so that its greedy step
+picks the drawn token. A group's samples therefore depend only on its prompt, ``n``, its seed and
+the weights: never on the other groups, the call order or the global RNG.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from periodic_rl.rollout.engine import InferenceEngine, sample_seed
+from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+from periodic_rl.rollout.weights import WeightNames
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"``, ``"bfloat16"``, ... (or a ``torch.dtype``) as a ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype.removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to ``-inf`` the logits outside the smallest set of tokens whose probability reaches
+    ``top_p`` (nucleus sampling; the most likely token is always kept)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    # Drop a token when the tokens before it already reach top_p.
+    drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class SeededSampler(LogitsProcessor):
+    """A transformers logits processor that samples each row with its own generator.
+
+    It returns scores that are ``0`` for the drawn token and ``-inf`` elsewhere, so that
+    ``generate(do_sample=False)`` emits exactly the token drawn here.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float) -> None:
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
+        logits = top_p_filter(scores.float() / self.temperature, self.top_p)
+        probs = logits.softmax(dim=-1).cpu()
+        drawn = torch.stack(
+            [
+                torch.multinomial(probs[row], 1, generator=gen)
+                for row, gen in enumerate(self.generators)
+            ]
+        ).to(scores.device)
+        one_hot = torch.full_like(scores, float("-inf"))
+        return one_hot.scatter_(1, drawn, 0.0)
+
+
+class HFEngine(InferenceEngine):
+    """Generation with transformers ``generate``, one prompt group per call.
+
+    Args:
+        model: a local model directory, a hub id, or an alias known to
+            :func:`periodic_rl.models.resolve_model`.
+        dtype: dtype the engine holds the weights in.
+        device: where the model runs (``"cpu"``, ``"cuda"``, ...).
+    """
+
+    def __init__(
+        self, model: str, dtype: str | torch.dtype = "float32", device: str = "cpu"
+    ) -> None:
+        from periodic_rl.models import load_causal_lm, load_tokenizer, resolve_model
+
+        self.model_path = resolve_model(model)
+        self.dtype = torch_dtype(dtype)
+        self.device = torch.device(device)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.model = load_causal_lm(self.model_path, dtype=self.dtype).to(self.device)
+        self.model.requires_grad_(False)
+        self.eos_token_ids = _eos_token_ids(self.tokenizer, self.model.generation_config)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.eos_token_ids[0]
+        self._names = WeightNames.of_model(self.model)
+        self._fingerprint: str | None = None  # computed lazily: hashing 135M params takes ~0.5 s
+
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig
+    ) -> list[list[list[int]]]:
+        """``request.n`` completions per request; see the module docstring on seeding."""
+        return [self._generate_group(request, sampling) for request in requests]
+
+    @torch.no_grad()
+    def _generate_group(
+        self, request: GenerationRequest, sampling: SamplingConfig
+    ) -> list[list[int]]:
+        if request.n <= 0:
+            return []
+        if not request.prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        if sampling.max_new_tokens <= 0:
+            return [[] for _ in range(request.n)]
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+        input_ids = prompt.expand(request.n, -1)
+        processors = LogitsProcessorList()
+        if sampling.temperature > 0:
+            seeds = [sample_seed(request.seed, i) for i in range(request.n)]
+            processors.append(SeededSampler(seeds, sampling.temperature, sampling.top_p))
+        # Every knob that could reshape the distribution is set explicitly: unset (None) fields
+        # would be filled from the model's generation_config.json and change what is sampled.
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            use_cache=True,
+        )
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=config,
+            logits_processor=processors,
+        )
+        completions = sequences[:, prompt.shape[1] :].tolist()
+        return [self._cut_at_eos(tokens) for tokens in completions]
+
+    def _cut_at_eos(self, tokens: list[int]) -> list[int]:
+        """Drop the padding after the first EOS, keeping the EOS itself."""
+        for position, token in enumerate(tokens):
+            if token in self.eos_token_ids:
+                return tokens[: position + 1]
+        return tokens
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> str:
+        """Copy ``state_dict`` (transformers names, any dtype) into the model in place.
+
+        Names are checked strictly (tied aliases such as ``lm_head.weight`` may be absent);
+        returns :func:`weights_fingerprint` of the tensors as received.
+        """
+        self._names.check(state_dict)
+        fingerprint = weights_fingerprint(state_dict)
+        own = self.model.state_dict()
+        for name, tensor in state_dict.items():
+            target = own[name]
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+            target.copy_(tensor.detach())
+        self._fingerprint = fingerprint
+        return fingerprint
+
+    def fingerprint(self) -> str:
+        """Fingerprint of the last pushed state dict, or of the weights loaded at start."""
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.model.state_dict())
+        return self._fingerprint
+
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """``log p(token_ids[t] | token_ids[:t])`` for ``t >= 1``, from one fp32 log-softmax."""
+        if len(token_ids) < 2:
+            return []
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return logprobs.gather(1, ids[0, 1:, None])[:, 0].tolist()
+
+    def shutdown(self) -> None:
+        """Drop the model (the engine is unusable afterwards). Safe to call twice."""
+        self.__dict__.pop("model", None)
+
+
+def _eos_token_ids(tokenizer: Any, generation_config: Any) -> list[int]:
+    """The tokens that end a completion: the tokenizer's EOS plus generation_config's."""
+    ids: list[int] = []
+    configured = getattr(generation_config, "eos_token_id", None)
+    for candidate in [tokenizer.eos_token_id, configured]:
+        values = candidate if isinstance(candidate, list | tuple) else [candidate]
+        ids += [int(v) for v in values if v is not None and int(v) not in ids]
+    if not ids:
+        raise ValueError("the model defines no EOS token")
+    return ids

@@ -1,0 +1,336 @@
+"""`RolloutWorker`: one inference engine in its own process, driven as a Ray actor.
+
+The class is plain Python; :func:`remote_worker` turns it into a Ray actor class with explicit
+resources at the moment a fabric starts (nothing here touches Ray at import). The module imports
+neither torch nor vLLM at the top: a worker must pin its CPU cores and set its thread and vLLM
+environment variables *before* those libraries start their thread pools (an unpinned worker and
+trainer on the same cores both ran 2-3x slower, ENVIRONMENT.md).
+
+Weights arrive as one Ray object holding a dict of numpy arrays (see :func:`to_payload`):
+``ray.put`` of numpy views is ~6x faster than of torch tensors, and every worker on a node reads
+the same shared-memory copy, turned back into tensors without copying (:func:`from_payload`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from periodic_rl.rollout.engine import InferenceEngine
+
+__all__ = [
+    "GeneratedGroup",
+    "GroupJob",
+    "RolloutWorker",
+    "StaleWeightsError",
+    "cpu_list",
+    "from_payload",
+    "remote_worker",
+    "to_payload",
+]
+
+# Default vLLM CPU settings (ENVIRONMENT.md): don't keep a core idle, let collective_rpc carry
+# importable functions. Set only when absent, so a user's own values win.
+VLLM_ENV_DEFAULTS = {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+
+# numpy has no bfloat16: such tensors travel as int16 bit patterns and are viewed back.
+_VIEW_AS_INT16 = ("bfloat16",)
+
+
+class StaleWeightsError(RuntimeError):
+    """A worker was asked to generate for a policy version other than the one it holds."""
+
+
+# ---- weights transport ------------------------------------------------------------------------
+def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``state_dict`` as numpy views (no copy for contiguous CPU tensors) for one ``ray.put``."""
+    import torch
+
+    arrays: dict[str, Any] = {}
+    dtypes: dict[str, str] = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype in _VIEW_AS_INT16:
+            tensor = tensor.view(torch.int16)
+            dtypes[name] = dtype
+        arrays[name] = tensor.numpy()
+    return {"arrays": arrays, "dtypes": dtypes}
+
+
+def from_payload(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Tensors sharing memory with the payload's (read-only, shared-memory) numpy arrays.
+
+    Engines must copy what they keep (both built-in engines do): a tensor kept alive here keeps
+    the whole Ray object pinned in the object store.
+    """
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    dtypes = payload.get("dtypes", {})
+    with warnings.catch_warnings():
+        # Arrays from the object store are read-only; the engines only read them.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for name, array in payload["arrays"].items():
+            tensor = torch.from_numpy(array)
+            if name in dtypes:
+                tensor = tensor.view(getattr(torch, dtypes[name]))
+            tensors[name] = tensor
+    return tensors
+
+
+# ---- CPU placement ----------------------------------------------------------------------------
+def cpu_list(cores: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"`` (the format of ``VLLM_CPU_OMP_THREADS_BIND``)."""
+    values = sorted(set(int(c) for c in cores))
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def pin_process(cores: list[int], uses_vllm: bool) -> None:
+    """Pin this process to ``cores`` and size every thread pool to match.
+
+    Must run before torch (or vLLM) creates its threads: OpenMP sizes its pool at first use.
+    """
+    if not cores:
+        raise ValueError("worker_cores entries must not be empty")
+    available = os.cpu_count() or 1
+    bad = [c for c in cores if not 0 <= c < available]
+    if bad:
+        raise ValueError(f"cores {bad} do not exist on this machine ({available} CPUs)")
+    os.sched_setaffinity(0, set(cores))
+    threads = str(len(cores))
+    os.environ["OMP_NUM_THREADS"] = threads
+    os.environ["MKL_NUM_THREADS"] = threads
+    if uses_vllm:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+    import torch
+
+    torch.set_num_threads(len(cores))
+
+
+# ---- the processes a worker owns (for cleanup after it is killed) --------------------------
+def _start_time(pid: int) -> int | None:
+    """Process start time in clock ticks (tells a pid from a later reuse of it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """``(pid, start_time)`` of every live descendant of ``pid`` (e.g. vLLM's engine process)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[tuple[int, int]] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        started = _start_time(child)
+        if started is not None:
+            found.append((child, started))
+        stack.extend(children.get(child, []))
+    return found
+
+
+def shm_files(pids: Iterable[int]) -> list[str]:
+    """``/dev/shm`` files that the processes ``pids`` hold open or mapped.
+
+    vLLM leaves ``psm_*`` and ``sem.mp-*`` files behind when its processes are killed; only the
+    files our own processes used are ever removed, never another program's.
+    """
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/"):
+                    found.add(target.removesuffix(" (deleted)"))
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                    if path.startswith("/dev/shm/"):
+                        found.add(path.removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+# ---- the actor --------------------------------------------------------------------------------
+class RolloutWorker:
+    """Holds one engine; generates prompt groups and loads weights on request.
+
+    Args:
+        worker_id: the worker's number in its fabric (stamped on every group it generates).
+        spec: the engine to build.
+        cores: CPU cores to pin this process (and its engine's threads) to; ``None`` leaves
+            placement to the OS and Ray (which sets ``OMP_NUM_THREADS`` from ``num_cpus``).
+    """
+
+    def __init__(self, worker_id: int, spec: EngineSpec, cores: list[int] | None = None) -> None:
+        started = time.time()
+        self.worker_id = worker_id
+        self.spec = spec
+        self.cores = list(cores) if cores else None
+        if spec.uses_vllm:
+            for key, value in VLLM_ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+        if self.cores:
+            pin_process(self.cores, spec.uses_vllm)
+        self.engine: InferenceEngine | None = spec.build()
+        self.version: int | None = None  # None: the weights the engine was built from
+        self._fingerprint = self.engine.fingerprint()
+        self.startup_s = time.time() - started
+        self.last_load_s = 0.0
+
+    def info(self) -> dict[str, Any]:
+        """Process id, child processes, cores, weights held and start-up time."""
+        return {
+            "worker": self.worker_id,
+            "pid": os.getpid(),
+            "pid_start": _start_time(os.getpid()),
+            "host": socket.gethostname(),
+            "descendants": descendants(os.getpid()),
+            "cores": self.cores,
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "version": self.version,
+            "fingerprint": self._fingerprint,
+            "startup_s": self.startup_s,
+            "last_load_s": self.last_load_s,
+        }
+
+    def warm_up(self, weights: list[Any] | None, version: int | None) -> dict[str, Any]:
+        """Bring a (re)started worker to the fabric's current weights, then report :meth:`info`."""
+        if weights is not None and version is not None:
+            self.load_weights(weights, version)
+        return self.info()
+
+    def generate(
+        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+    ) -> list[GeneratedGroup]:
+        """Generate ``jobs`` and stamp each group with the weights and the call's time span.
+
+        Refuses (:class:`StaleWeightsError`) a ``version`` other than the loaded one, so a
+        rollout can never silently come from other weights than its caller believes.
+        """
+        engine = self._engine()
+        if self.version is not None and version != self.version:
+            raise StaleWeightsError(
+                f"worker {self.worker_id} holds weights version {self.version}, "
+                f"asked to generate for version {version}"
+            )
+        started = time.time()
+        outputs = engine.generate([job.request() for job in jobs], sampling)
+        finished = time.time()
+        if len(outputs) != len(jobs):
+            raise RuntimeError(f"engine returned {len(outputs)} groups for {len(jobs)} jobs")
+        return [
+            GeneratedGroup(
+                index=job.index,
+                completion_ids=[list(map(int, c)) for c in completions],
+                version=version,
+                fingerprint=self._fingerprint,
+                worker=self.worker_id,
+                seed=job.seed,
+                started=started,
+                finished=finished,
+            )
+            for job, completions in zip(jobs, outputs, strict=True)
+        ]
+
+    def load_weights(self, weights: Any, version: int) -> str:
+        """Load new weights; returns the fingerprint the engine computed of what it received.
+
+        ``weights`` is ``[ref]``, a one-element list holding the Ray object reference of a
+        :func:`to_payload` dict (wrapped so that Ray hands over the reference rather than the
+        value; the worker fetches it from the shared object store itself), or the payload dict.
+        """
+        engine = self._engine()
+        started = time.time()
+        if isinstance(weights, list):
+            import ray
+
+            (payload,) = ray.get(weights)
+        else:
+            payload = weights
+        state_dict = from_payload(payload)
+        del payload
+        fingerprint = engine.load_weights(state_dict)
+        del state_dict  # drop the shared-memory views: they pin the object
+        self._fingerprint = fingerprint
+        self.version = version
+        self.last_load_s = time.time() - started
+        return fingerprint
+
+    def fingerprint(self) -> str:
+        """Fingerprint of the weights the engine holds."""
+        return self._engine().fingerprint()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> dict[str, Any]:
+        """Shut the engine down; returns what the fabric must clean up if anything lingers:
+        the ``descendants`` that were alive and the ``/dev/shm`` files they used."""
+        me = os.getpid()
+        family = descendants(me)
+        files = shm_files([me, *(pid for pid, _ in family)])
+        if self.engine is not None:
+            try:
+                self.engine.shutdown()
+            finally:
+                self.engine = None
+        return {"pid": me, "descendants": family, "shm_files": files}
+
+    def _engine(self) -> InferenceEngine:
+        if self.engine is None:
+            raise RuntimeError(f"worker {self.worker_id} has been shut down")
+        return self.engine
+
+
+def remote_worker(num_cpus: float, num_gpus: float) -> Any:
+    """:class:`RolloutWorker` as a Ray actor class with explicit resources.
+
+    Ray's own restarts are off (``max_restarts=0``): the fabric restarts a dead worker itself,
+    because a new actor must be given the current weights before it may generate again.
+    """
+    import ray
+
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)(
+        RolloutWorker
+    )

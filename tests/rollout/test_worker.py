@@ -1,0 +1,155 @@
+"""RolloutWorker used in-process (no Ray), the weights payload, EngineSpec, process helpers."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.types import GroupJob, SamplingConfig
+from periodic_rl.rollout.worker import (
+    RolloutWorker,
+    StaleWeightsError,
+    cpu_list,
+    descendants,
+    from_payload,
+    shm_files,
+    to_payload,
+)
+
+SAMPLING = SamplingConfig(max_new_tokens=6)
+
+
+# ---- EngineSpec -------------------------------------------------------------------------------
+def test_engine_spec_kinds_and_validation():
+    spec = EngineSpec("hf", "some/model", {"dtype": "float32"})
+    assert spec.class_path == "periodic_rl.rollout.hf_engine:HFEngine"
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert hash(spec) == hash(EngineSpec("hf", "some/model", {"device": "cpu"}))
+    assert EngineSpec("vllm", "m").uses_vllm and not spec.uses_vllm
+    assert EngineSpec("my_pkg.engines:MyEngine", "m").class_path == "my_pkg.engines:MyEngine"
+    for bad in ["vLLM", "transformers", "pkg.module", "pkg:", ":Cls", ""]:
+        with pytest.raises(ValueError, match="engine kind|non-empty"):
+            EngineSpec(bad, "m")
+    with pytest.raises(ValueError, match="model"):
+        EngineSpec("hf", "")
+    with pytest.raises(ImportError, match="no_such_module"):
+        EngineSpec("no_such_module:Engine", "m").engine_class()
+    with pytest.raises(TypeError, match="not an InferenceEngine"):
+        EngineSpec("periodic_rl.rollout.types:SamplingConfig", "m").engine_class()
+
+
+def test_engine_spec_copies_kwargs():
+    kwargs = {"dtype": "float32"}
+    spec = EngineSpec("hf", "m", kwargs)
+    kwargs["dtype"] = "bfloat16"
+    assert spec.kwargs == {"dtype": "float32"}
+
+
+# ---- weights payload --------------------------------------------------------------------------
+def test_payload_round_trip_without_copies():
+    state = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5).to(torch.bfloat16),
+        "c": torch.randn(4, 3).t(),  # non-contiguous: made contiguous once
+        "d": torch.arange(6, dtype=torch.int64),
+    }
+    payload = to_payload(state)
+    assert payload["dtypes"] == {"b": "bfloat16"}
+    assert payload["arrays"]["a"].ctypes.data == state["a"].data_ptr()  # a view, not a copy
+    back = from_payload(payload)
+    assert {k: v.dtype for k, v in back.items()} == {k: v.dtype for k, v in state.items()}
+    assert back["a"].data_ptr() == state["a"].data_ptr()
+    assert weights_fingerprint(back) == weights_fingerprint(state)
+    # What travels through Ray is a pickle (protocol 5 keeps the buffers out of band).
+    again = from_payload(pickle.loads(pickle.dumps(payload, protocol=5)))
+    assert weights_fingerprint(again) == weights_fingerprint(state)
+
+
+def test_cpu_list():
+    assert cpu_list([3, 0, 1, 2, 7, 9, 8]) == "0-3,7-9"
+    assert cpu_list([1]) == "1"
+
+
+# ---- the worker class, in this process ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def worker(tiny_llama_path) -> RolloutWorker:
+    return RolloutWorker(3, EngineSpec("hf", tiny_llama_path))
+
+
+def jobs() -> list[GroupJob]:
+    return [GroupJob(index=i, prompt_ids=[1, 504, 3016 + i], n=2, seed=10 + i) for i in range(3)]
+
+
+def test_worker_generates_and_stamps(worker):
+    groups = worker.generate(jobs(), SAMPLING, version=0)
+    assert [g.index for g in groups] == [0, 1, 2]
+    assert all(g.worker == 3 and g.version == 0 for g in groups)
+    assert all(g.fingerprint == worker.fingerprint() for g in groups)
+    assert all(g.seed == 10 + g.index and g.started <= g.finished for g in groups)
+    assert all(len(g.completion_ids) == 2 for g in groups)
+    again = worker.generate(jobs()[::-1], SAMPLING, version=0)
+    assert {g.index: g.completion_ids for g in again} == {g.index: g.completion_ids for g in groups}
+    info = worker.info()
+    assert info["pid"] == worker.pid() and info["worker"] == 3 and info["version"] is None
+
+
+def test_worker_loads_weights_and_refuses_other_versions(worker, tiny_llama_path):
+    from periodic_rl.models import load_causal_lm
+
+    model = load_causal_lm(tiny_llama_path, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    before = worker.generate(jobs(), SAMPLING, version=0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(-1.5)
+    fingerprint = worker.load_weights(to_payload(model.state_dict()), version=7)
+    assert fingerprint == weights_fingerprint(model.state_dict()) == worker.fingerprint()
+    after = worker.generate(jobs(), SAMPLING, version=7)
+    assert all(g.fingerprint == fingerprint and g.version == 7 for g in after)
+    assert [g.completion_ids for g in after] != [g.completion_ids for g in before]
+    with pytest.raises(StaleWeightsError, match="version 7"):
+        worker.generate(jobs(), SAMPLING, version=6)
+    worker.load_weights(to_payload(original), version=8)  # leave the module fixture as it was
+    assert [g.completion_ids for g in worker.generate(jobs(), SAMPLING, 8)] == [
+        g.completion_ids for g in before
+    ]
+
+
+def test_worker_shutdown_is_final(tiny_llama_path):
+    worker = RolloutWorker(0, EngineSpec("hf", tiny_llama_path))
+    report = worker.shutdown()
+    assert report["pid"] == worker.pid() and report["descendants"] == []
+    worker.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        worker.generate(jobs(), SAMPLING, 0)
+
+
+def test_descendants_and_shm_files(tmp_path):
+    script = (
+        "import mmap, os, time\n"
+        "fd = os.open('/dev/shm/periodic_rl_test_shm', os.O_CREAT | os.O_RDWR)\n"
+        "os.ftruncate(fd, 4096)\n"
+        "m = mmap.mmap(fd, 4096)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        import os
+
+        family = descendants(os.getpid())
+        assert child.pid in [pid for pid, _ in family]
+        assert "/dev/shm/periodic_rl_test_shm" in shm_files([child.pid])
+    finally:
+        child.kill()
+        child.wait()
+        import os
+
+        os.unlink("/dev/shm/periodic_rl_test_shm")
