@@ -296,7 +296,7 @@ class RLModule(L.LightningModule):
         return out
 
     def _normalise_gradients(self, num_sequences: int, num_tokens: int) -> None:
-        """Divide the summed gradients by the iteration's normaliser (DESIGN.md, streaming-exact)."""
+        """Divide the summed gradients by the iteration normaliser (DESIGN.md: streaming-exact)."""
         if self.hparams.loss_type == "dapo":
             num_tokens = int(
                 self.trainer.strategy.reduce(torch.tensor(float(num_tokens)), reduce_op="sum")

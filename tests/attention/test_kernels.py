@@ -147,3 +147,19 @@ def test_backend_selection():
         select_backend("flash", cpu, torch.bfloat16, needs_backward=False)
     with pytest.raises(ValueError, match="unknown attention backend"):
         select_backend("nope", cpu, torch.float32, needs_backward=False)
+
+
+def test_selected_logprobs_gradcheck():
+    """The chunked log-softmax gather (repeated rows: a shared prompt row read by G targets)."""
+    from periodic_rl.attention import logprobs
+
+    x = torch.randn(150, 7, dtype=torch.float64, requires_grad=True)  # > one chunk of rows
+    rows = torch.tensor([0, 0, 0, 5, 149, 70])
+    targets = torch.tensor([1, 2, 2, 6, 0, 3])
+    picked, entropy = logprobs._SelectedLogProbs.apply(x, rows, targets, True)
+    ref = x.log_softmax(-1)
+    torch.testing.assert_close(picked, ref[rows, targets])
+    torch.testing.assert_close(entropy, -(ref.exp() * ref).sum(-1))
+    assert torch.autograd.gradcheck(
+        lambda t: logprobs._SelectedLogProbs.apply(t, rows, targets, False)[0], (x,)
+    )

