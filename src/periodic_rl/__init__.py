@@ -3,18 +3,37 @@
 The public API: subclass :class:`RLModule` (or give it reward functions), feed it a
 :class:`PromptDataModule`, and train with ``lightning.Trainer(strategy=PeriodicAsyncStrategy())``
 or ``periodic-rl fit --config run.yaml``.
+
+Names are imported on first use (PEP 562), so a rollout worker that only needs the engines does
+not pay for importing Lightning.
 """
 
-from periodic_rl.data import PromptDataModule
-from periodic_rl.module import RLModule, StaleRolloutError
-from periodic_rl.rollout.engine import InferenceEngine
-from periodic_rl.strategies import PeriodicAsyncStrategy
+from __future__ import annotations
 
-__all__ = [
-    "InferenceEngine",
-    "PeriodicAsyncStrategy",
-    "PromptDataModule",
-    "RLModule",
-    "StaleRolloutError",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RLModule": "periodic_rl.module",
+    "StaleRolloutError": "periodic_rl.module",
+    "PeriodicAsyncStrategy": "periodic_rl.strategies.periodic_async",
+    "PromptDataModule": "periodic_rl.data.datamodule",
+    "InferenceEngine": "periodic_rl.rollout.engine",
+    "HFEngine": "periodic_rl.rollout.hf_engine",
+    "VLLMEngine": "periodic_rl.rollout.vllm_engine",
+    "RolloutFabric": "periodic_rl.rollout.fabric",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'periodic_rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

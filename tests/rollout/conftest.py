@@ -69,7 +69,7 @@ def noisy_trainer(path: str, scale: float = 0.02, seed: int = 1) -> Any:
 
 @pytest.fixture(scope="session")
 def smollm2_trained(smollm2_path) -> Any:
-    """SmolLM2-135M after three plain SGD steps on a fixed text: a real trainer update."""
+    """SmolLM2-135M after one plain SGD step on a fixed text: a real trainer update."""
     from transformers import AutoTokenizer
 
     from periodic_rl.models import load_causal_lm
@@ -78,11 +78,9 @@ def smollm2_trained(smollm2_path) -> Any:
     ids = torch.tensor([AutoTokenizer.from_pretrained(smollm2_path)(FIXED_TEXT)["input_ids"]])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model.train()
-    for _ in range(3):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     model.eval()
     model.requires_grad_(False)
     return model

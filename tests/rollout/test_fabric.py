@@ -115,7 +115,8 @@ def test_one_worker_matches_two_then_leaves_no_processes(fabric2, tiny_llama_pat
     two = by_index(fabric2.generate(jobs, SAMPLING, version=fabric2.version or 0))
     one = fabric(tiny_llama_path, 1, groups_per_call=3, worker_cores=[[1]]).start()
     try:
-        assert one.worker_info()[0]["affinity"] == [1]  # pinned as asked
+        info = one.worker_info()[0]
+        assert info["affinity"] == [1] and info["threads"] == 1  # pinned as asked
         assert by_index(one.generate(jobs, SAMPLING, version=0)) == two
         pids = one.worker_pids()
     finally:
@@ -123,7 +124,7 @@ def test_one_worker_matches_two_then_leaves_no_processes(fabric2, tiny_llama_pat
     assert gone(pids)
     one.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="shut down"):
-        list(one.generate(jobs, SAMPLING, 0))
+        one.generate(jobs, SAMPLING, 0)
     assert ray.is_initialized()  # the shared Ray (not started by `one`) is still up
 
 
@@ -145,7 +146,7 @@ def test_weight_push_is_verified_and_changes_results(fabric2, reference, tiny_ll
     reference.load_weights(state)
     assert by_index(groups) == reference_groups(reference, jobs) != before
     with pytest.raises(ValueError, match="version"):
-        next(iter(fabric2.generate(jobs, SAMPLING, version=0)))
+        fabric2.generate(jobs, SAMPLING, version=0)
     assert fabric2.timings["last_push_s"] > 0
     assert any(s.name == "weight push" for s in fabric2.spans.spans())
     # Back to the original weights (as a new version) for the other tests.
@@ -163,7 +164,7 @@ def test_fingerprint_mismatch_raises(tiny_llama_path):
         with pytest.raises(RuntimeError, match=r"worker 0 \(pid \d+\) reported"):
             fab.push_weights(state, version=1)
         with pytest.raises(RuntimeError, match="push"):
-            next(iter(fab.generate(make_jobs(1), SAMPLING, version=1)))
+            fab.generate(make_jobs(1), SAMPLING, version=1)
     finally:
         fab.shutdown()
 
@@ -280,3 +281,20 @@ def test_vllm_worker_on_smollm2(smollm2_path):
         f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith(("psm_", "sem.mp-"))
     }
     assert not leftovers
+
+
+def test_engine_that_cannot_start_fails_fast(tmp_path):
+    began = time.time()
+    with pytest.raises(RuntimeError, match="failed to start"):
+        fabric(str(tmp_path / "no-such-model")).start()
+    assert time.time() - began < 60
+
+
+def test_abandoned_iteration_does_not_leak_into_the_next(fabric2):
+    jobs = make_jobs(6)
+    version = fabric2.version or 0
+    clean = by_index(fabric2.generate(jobs, SAMPLING, version))
+    stream = fabric2.generate(jobs, SAMPLING, version)
+    next(stream)
+    stream.close()  # the consumer stops early: in-flight calls are dropped
+    assert by_index(fabric2.generate(jobs, SAMPLING, version)) == clean

@@ -98,11 +98,11 @@ def test_pretrained_completion_keeps_eos_and_push_matches_trainer(
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
     )
-    request = GenerationRequest(prompt_ids=tokenizer(prompt)["input_ids"], n=2, seed=0)
-    (group,) = engine.generate([request], SamplingConfig(max_new_tokens=48, temperature=0.0))
-    for completion in group:  # greedy SmolLM2 answers this in 30 tokens, then <|im_end|>
-        assert completion[-1] == tokenizer.eos_token_id
-        assert tokenizer.eos_token_id not in completion[:-1]
+    request = GenerationRequest(prompt_ids=tokenizer(prompt)["input_ids"], n=1, seed=0)
+    (group,) = engine.generate([request], SamplingConfig(max_new_tokens=40, temperature=0.0))
+    (completion,) = group  # greedy SmolLM2 answers this in 30 tokens, then <|im_end|>
+    assert completion[-1] == tokenizer.eos_token_id
+    assert tokenizer.eos_token_id not in completion[:-1]
 
     before = torch.tensor(engine.prompt_logprobs(fixed_ids))
     state_dict = smollm2_trained.state_dict()

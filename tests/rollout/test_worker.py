@@ -59,12 +59,15 @@ def test_payload_round_trip_without_copies():
         "c": torch.randn(4, 3).t(),  # non-contiguous: made contiguous once
         "d": torch.arange(6, dtype=torch.int64),
     }
+    state["tied"] = state["a"]  # tied weights travel once
     payload = to_payload(state)
     assert payload["dtypes"] == {"b": "bfloat16"}
+    assert payload["aliases"] == {"tied": "a"} and "tied" not in payload["arrays"]
     assert payload["arrays"]["a"].ctypes.data == state["a"].data_ptr()  # a view, not a copy
     back = from_payload(payload)
     assert {k: v.dtype for k, v in back.items()} == {k: v.dtype for k, v in state.items()}
-    assert back["a"].data_ptr() == state["a"].data_ptr()
+    assert back["a"].data_ptr() == state["a"].data_ptr() == back["tied"].data_ptr()
+    assert list(back) == [*[k for k in state if k != "tied"], "tied"]
     assert weights_fingerprint(back) == weights_fingerprint(state)
     # What travels through Ray is a pickle (protocol 5 keeps the buffers out of band).
     again = from_payload(pickle.loads(pickle.dumps(payload, protocol=5)))
@@ -147,6 +150,7 @@ def test_descendants_and_shm_files(tmp_path):
         family = descendants(os.getpid())
         assert child.pid in [pid for pid, _ in family]
         assert "/dev/shm/periodic_rl_test_shm" in shm_files([child.pid])
+        assert shm_files([child.pid], ("psm_",)) == []
     finally:
         child.kill()
         child.wait()

@@ -155,7 +155,9 @@ def _flex_unavailable(device: torch.device) -> str | None:
 def _compiled_flex() -> Callable[..., torch.Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # default dynamic=None: the first new sequence length recompiles with dynamic shapes, later
+    # ones reuse that graph (every micro-batch has its own packed length)
+    return torch.compile(flex_attention)
 
 
 def _flex(
@@ -227,6 +229,7 @@ def _flash(
     qt = q[0].transpose(0, 1)  # [L, H, D]
     kt = k[0].transpose(0, 1).index_select(0, meta["kv_index"])  # [sum k_len, Hkv, D]
     vt = v[0].transpose(0, 1).index_select(0, meta["kv_index"])
+    extra = {} if opt.softcap is None else {"softcap": float(opt.softcap)}  # flash-attn >= 2.6
     out = flash_attn_varlen_func(
         qt.contiguous(),
         kt,
@@ -238,7 +241,7 @@ def _flash(
         dropout_p=opt.dropout,
         softmax_scale=opt.scaling,
         causal=True,  # bottom-right aligned when k_len > q_len (flash-attn >= 2.1)
-        softcap=0.0 if opt.softcap is None else float(opt.softcap),
+        **extra,
     )
     return out.unsqueeze(0)
 

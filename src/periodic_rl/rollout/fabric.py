@@ -16,13 +16,15 @@ brought to the current weights (fingerprint checked), and its unfinished calls a
 again with the same seeds. Calls the dead worker had already finished are kept; nothing is lost
 or yielded twice, and the groups equal those of a fault-free run (engines are seeded per group).
 
-Ray is started only by :meth:`RolloutFabric.start` (from the strategy's setup, never at import),
-locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster, as checked
-with ``ss -ltnp``: there is no dashboard (``include_dashboard=False``) and the dashboard host is
-127.0.0.1, but Ray's own gRPC servers (GCS, raylet, object manager, workers) always listen on
-all interfaces, and ``_node_ip_address="127.0.0.1"`` is rewritten by Ray to the routable address
-(``resolve_ip_for_localhost``), so it buys nothing and is not passed. Ray 2.60 enables token
-authentication for a local cluster by default (``RAY_AUTH_MODE``), which is what guards them.
+Ray is started only by :meth:`RolloutFabric.start` (the strategy's setup, never at import),
+locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster (checked
+with ``ss -ltnp``): no dashboard, dashboard host 127.0.0.1, but Ray's gRPC servers (GCS, raylet,
+object manager, workers) always listen on all interfaces; ``_node_ip_address="127.0.0.1"`` is
+rewritten by Ray to the routable address (``resolve_ip_for_localhost``), so it is not passed.
+Ray 2.60's default token authentication (``RAY_AUTH_MODE``) is what guards those ports.
+
+Threads: ``generate`` may run in a producer thread, but one call at a time, and never together
+with ``push_weights`` (the strategy joins its producer before it steps and pushes).
 """
 
 from __future__ import annotations
@@ -30,13 +32,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import socket
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,14 @@ from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
-from periodic_rl.rollout.worker import _start_time, remote_worker, to_payload
+from periodic_rl.rollout.worker import (
+    all_cores,
+    gather_within,
+    reap,
+    remote_worker,
+    remove_unused_shm,
+    to_payload,
+)
 
 __all__ = ["GeneratedGroup", "GroupJob", "RolloutFabric"]
 
@@ -123,13 +130,9 @@ class RolloutFabric:
             raise ValueError(f"worker_cores has {len(worker_cores)} entries for {num_workers}")
         if groups_per_call < 1 or max_calls_in_flight < 1:
             raise ValueError("groups_per_call and max_calls_in_flight must be >= 1")
-        self.spec = engine
-        self.num_workers = num_workers
-        self.ray_address = ray_address
-        self.cpus_per_worker = cpus_per_worker
-        self.gpus_per_worker = gpus_per_worker
-        self.groups_per_call = groups_per_call
-        self.max_calls_in_flight = max_calls_in_flight
+        self.spec, self.num_workers, self.ray_address = engine, num_workers, ray_address
+        self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
+        self.groups_per_call, self.max_calls_in_flight = groups_per_call, max_calls_in_flight
         self.max_restarts = max_restarts
         self.pythonpath = list(pythonpath or [])
         self.env_vars = dict(env_vars or {})
@@ -161,7 +164,7 @@ class RolloutFabric:
 
         began = time.time()
         if not ray.is_initialized():
-            with _all_cores():
+            with all_cores():
                 ray.init(**self._ray_init_args())
             self._owns_ray = True
         self.timings["ray_init_s"] = time.time() - began
@@ -251,6 +254,8 @@ class RolloutFabric:
         (default: the current ones); raises when the slot has used up its restarts."""
         if incarnation != slot.incarnation or self._closed:
             return  # this death was handled already (or we are shutting down)
+        if getattr(error, "actor_init_failed", False):  # the engine cannot be built: no retry
+            raise RuntimeError(f"rollout worker {slot.index} failed to start: {error}") from error
         slot.restarts += 1
         self.restarts += 1
         if slot.restarts > self.max_restarts:
@@ -275,6 +280,7 @@ class RolloutFabric:
         for slot in self._slots:
             self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
         began = time.time()
+        state_dict = {name: t.detach().cpu() for name, t in state_dict.items()}  # once, if on GPU
         # Hash here while the workers load (hashlib releases the GIL on large buffers): the
         # trainer-side fingerprint costs ~0.85 s for 135M params, as much as the transfer.
         with ThreadPoolExecutor(1, thread_name_prefix="weights-fingerprint") as pool:
@@ -322,18 +328,27 @@ class RolloutFabric:
     def generate(
         self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
     ) -> Iterator[GeneratedGroup]:
-        """Generate every job on the workers; yield each group once, in completion order."""
-        import ray
-        from ray.exceptions import RayActorError
+        """Generate every job on the workers; yield each group once, in completion order.
 
+        Checks (fabric started, last push good, ``version`` current, unique job indices) run
+        at the call, before the first group is asked for.
+        """
         self._require_started()
         if not self._weights_ok:
             raise RuntimeError("the last weight push failed; push weights before generating")
         if self.version is not None and version != self.version:
             raise ValueError(f"generate for version {version}, workers hold {self.version}")
-        expected_indices = {job.index for job in jobs}
-        if len(expected_indices) != len(jobs):
+        if len({job.index for job in jobs}) != len(jobs):
             raise ValueError("job indices must be unique within one generate call")
+        return self._generate(list(jobs), sampling, version)
+
+    def _generate(
+        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+    ) -> Iterator[GeneratedGroup]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        expected_indices = {job.index for job in jobs}
         size = self.groups_per_call
         pending = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
         in_flight: dict[Any, _Call] = {}
@@ -404,17 +419,13 @@ class RolloutFabric:
             slot.in_flight += 1
 
     def _record(self, groups: list[GeneratedGroup]) -> None:
-        if groups:
-            first = groups[0]
+        if groups:  # one span per call: its groups share the call's timestamps
+            g = groups[0]
+            tokens = sum(len(c) for group in groups for c in group.completion_ids)
             self.spans.add(
-                "generate",
-                worker_lane(first.worker),
-                first.started,
-                first.finished,
-                groups=len(groups),
-                completions=sum(len(g.completion_ids) for g in groups),
-                tokens=sum(len(c) for g in groups for c in g.completion_ids),
-            )
+                "generate", worker_lane(g.worker), g.started, g.finished, groups=len(groups),
+                tokens=tokens,
+            )  # fmt: skip
 
     # ---- introspection ----------------------------------------------------------------------
     def worker_pids(self) -> list[int]:
@@ -450,16 +461,12 @@ class RolloutFabric:
             if not ray.is_initialized():
                 return
             live = [s for s in self._slots if s.actor is not None]
-            reports = _graceful(ray, [s.actor.shutdown.remote() for s in live], timeout_s / 2)
+            reports = gather_within([s.actor.shutdown.remote() for s in live], timeout_s / 2)
             for slot in live:
                 self._kill(slot)
             leftovers = [p for r in reports for p in r.get("descendants", [])]
-            _reap(leftovers, timeout_s / 2)
-            for path in {f for r in reports for f in r.get("shm_files", [])}:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            reap(leftovers, timeout_s / 2)
+            remove_unused_shm({f for r in reports for f in r.get("shm_files", [])})
             self._weights_ref = None
         finally:
             if self._owns_ray:
@@ -481,66 +488,10 @@ class RolloutFabric:
         if slot.info.get("host") in (None, socket.gethostname()):
             owned = [(slot.info.get("pid"), slot.info.get("pid_start"))]
             owned += [tuple(d) for d in slot.info.get("descendants", [])]
-            _reap([d for d in owned if d[0]], 5.0)
+            reap([d for d in owned if d[0]], 5.0)
 
     def __enter__(self) -> RolloutFabric:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _graceful(ray: Any, refs: list[Any], timeout_s: float) -> list[dict[str, Any]]:
-    """Results of the workers' ``shutdown`` calls that finish within ``timeout_s``."""
-    if not refs:
-        return []
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    reports = []
-    for ref in done:
-        try:
-            reports.append(ray.get(ref))
-        except Exception:  # noqa: BLE001 - a dead worker has nothing to report
-            pass
-    return reports
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    """Whether ``pid`` still runs and is the same process (not a reuse, not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and (start is None or _start_time(pid) == start)
-
-
-def _reap(processes: list[tuple[int, int | None]], timeout_s: float) -> None:
-    """Wait for ``processes`` to exit; SIGKILL those still there after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(p, s) for p, s in processes) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid, start in processes:
-        if _alive(pid, start):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-@contextmanager
-def _all_cores() -> Iterator[None]:
-    """Let the processes started inside (Ray's raylet, hence every worker) use every core.
-
-    Affinity is inherited: if the trainer pinned itself before starting Ray, unpinned workers
-    would otherwise all be squeezed onto the trainer's cores.
-    """
-    try:
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)

@@ -14,10 +14,12 @@ the same shared-memory copy, turned back into tensors without copying (:func:`fr
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from periodic_rl.rollout.spec import EngineSpec
@@ -56,13 +58,25 @@ class StaleWeightsError(RuntimeError):
 
 # ---- weights transport ------------------------------------------------------------------------
 def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``state_dict`` as numpy views (no copy for contiguous CPU tensors) for one ``ray.put``."""
+    """``state_dict`` as numpy views (no copy for contiguous CPU tensors) for one ``ray.put``.
+
+    Names that share one tensor (tied embeddings: ``lm_head.weight`` is
+    ``model.embed_tokens.weight``) travel once and are re-tied on arrival (``aliases``).
+    """
     import torch
 
     arrays: dict[str, Any] = {}
     dtypes: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach()
+        if tensor.device.type == "cpu" and tensor.numel():
+            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+            if key in seen:
+                aliases[name] = seen[key]
+                continue
+            seen[key] = name
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
         tensor = tensor.contiguous()
@@ -71,7 +85,7 @@ def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             tensor = tensor.view(torch.int16)
             dtypes[name] = dtype
         arrays[name] = tensor.numpy()
-    return {"arrays": arrays, "dtypes": dtypes}
+    return {"arrays": arrays, "dtypes": dtypes, "aliases": aliases}
 
 
 def from_payload(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -92,6 +106,8 @@ def from_payload(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
             if name in dtypes:
                 tensor = tensor.view(getattr(torch, dtypes[name]))
             tensors[name] = tensor
+    for name, target in payload.get("aliases", {}).items():
+        tensors[name] = tensors[target]
     return tensors
 
 
@@ -165,30 +181,111 @@ def descendants(pid: int) -> list[tuple[int, int]]:
     return found
 
 
-def shm_files(pids: Iterable[int]) -> list[str]:
-    """``/dev/shm`` files that the processes ``pids`` hold open or mapped.
+# What vLLM (torch's shared-memory manager, multiprocessing semaphores) leaves behind. Ray's own
+# /dev/shm files (the plasma store, its semaphores) are never touched.
+LEFTOVER_SHM_PREFIXES = ("psm_", "sem.mp-")
 
-    vLLM leaves ``psm_*`` and ``sem.mp-*`` files behind when its processes are killed; only the
-    files our own processes used are ever removed, never another program's.
+
+def shm_files(pids: Iterable[int], prefixes: tuple[str, ...] | None = None) -> list[str]:
+    """Existing ``/dev/shm`` files that the processes ``pids`` hold open or mapped (files
+    already unlinked are skipped), optionally only those whose name starts with ``prefixes``.
+
+    vLLM leaves ``psm_*`` and ``sem.mp-*`` files behind when its processes are killed: the
+    fabric removes those its own workers used, never another program's.
     """
     found: set[str] = set()
     for pid in pids:
         try:
+            targets: list[str] = []
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
                 except OSError:
                     continue
-                if target.startswith("/dev/shm/"):
-                    found.add(target.removesuffix(" (deleted)"))
             with open(f"/proc/{pid}/maps") as maps:
-                for line in maps:
-                    path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
-                    if path.startswith("/dev/shm/"):
-                        found.add(path.removesuffix(" (deleted)"))
-        except OSError:
+                targets += [
+                    line.split(maxsplit=5)[5].strip()
+                    for line in maps
+                    if line.count(" ") >= 5 and "/dev/shm/" in line
+                ]
+        except (OSError, IndexError):
             continue
+        found.update(
+            t for t in targets if t.startswith("/dev/shm/") and not t.endswith(" (deleted)")
+        )
+    if prefixes is not None:
+        found = {f for f in found if os.path.basename(f).startswith(prefixes)}
     return sorted(found)
+
+
+def gather_within(refs: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+    """Results of the workers' ``shutdown`` calls that finish within ``timeout_s``."""
+    import ray
+
+    if not refs:
+        return []
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    reports = []
+    for ref in done:
+        try:
+            reports.append(ray.get(ref))
+        except Exception:  # noqa: BLE001 - a dead worker has nothing to report
+            pass
+    return reports
+
+
+def alive(pid: int, start: int | None) -> bool:
+    """Whether ``pid`` still runs and is the same process (not a reuse, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and (start is None or _start_time(pid) == start)
+
+
+def reap(processes: list[tuple[int, int | None]], timeout_s: float) -> None:
+    """Wait for ``processes`` to exit; SIGKILL those still there after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p, s) for p, s in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, start in processes:
+        if alive(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def remove_unused_shm(paths: set[str]) -> None:
+    """Unlink the ``/dev/shm`` files our workers left, unless a live process still uses one."""
+    if not paths:
+        return
+    others = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    for path in paths - set(shm_files(others)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+@contextmanager
+def all_cores() -> Iterator[None]:
+    """Let the processes started inside (Ray's raylet, hence every worker) use every core.
+
+    Affinity is inherited: if the trainer pinned itself before starting Ray, unpinned workers
+    would otherwise all be squeezed onto the trainer's cores.
+    """
+    try:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 # ---- the actor --------------------------------------------------------------------------------
@@ -228,6 +325,7 @@ class RolloutWorker:
             "descendants": descendants(os.getpid()),
             "cores": self.cores,
             "affinity": sorted(os.sched_getaffinity(0)),
+            "threads": _torch_threads(),
             "version": self.version,
             "fingerprint": self._fingerprint,
             "startup_s": self.startup_s,
@@ -309,7 +407,7 @@ class RolloutWorker:
         the ``descendants`` that were alive and the ``/dev/shm`` files they used."""
         me = os.getpid()
         family = descendants(me)
-        files = shm_files([me, *(pid for pid, _ in family)])
+        files = shm_files([me, *(pid for pid, _ in family)], LEFTOVER_SHM_PREFIXES)
         if self.engine is not None:
             try:
                 self.engine.shutdown()
@@ -321,6 +419,13 @@ class RolloutWorker:
         if self.engine is None:
             raise RuntimeError(f"worker {self.worker_id} has been shut down")
         return self.engine
+
+
+def _torch_threads() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def remote_worker(num_cpus: float, num_gpus: float) -> Any:
