@@ -1,0 +1,73 @@
+"""PeriodicAsyncStrategy: the overlapped run equals the synchronous run; stale rollouts refused.
+
+Real Ray actors with the transformers engine on a tiny model (vLLM is covered in
+tests/rollout). Ray is started once for the module; each fit creates and removes its workers.
+"""
+
+import pytest
+import ray
+from rl_helpers import max_diff, train
+
+from periodic_rl import PeriodicAsyncStrategy, StaleRolloutError
+
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _ray_strategy(overlap: bool, workers: int) -> dict:
+    return {"engine": "hf", "num_workers": workers, "overlap": overlap, "groups_per_call": 1}
+
+
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_overlap_equals_synchronous(tiny_llama_path, local_ray, lora):
+    kwargs = dict(steps=3, lora=lora, learning_rate=0.5 if lora is None else 2.0)
+    sync, _, sync_strategy = train(tiny_llama_path, strategy=_ray_strategy(False, 1), **kwargs)
+    for workers in (1, 2):
+        overlapped, _, strategy = train(
+            tiny_llama_path, strategy=_ray_strategy(True, workers), **kwargs
+        )
+        assert strategy.policy_version == 3
+        assert max_diff(sync, overlapped) < 1e-5, f"{workers} worker(s)"
+    reference, _, _ = train(tiny_llama_path, **kwargs)  # the in-process engine, no Ray
+    assert max_diff(sync, reference) < 1e-5
+    assert sync_strategy.weights_fingerprint == strategy.weights_fingerprint
+
+
+class _LostPushStrategy(PeriodicAsyncStrategy):
+    """Simulates a weight push that never reached the engine after the first optimizer step."""
+
+    def push_weights(self) -> str:
+        if self.policy_version == 0:
+            return super().push_weights()
+        return self.weights_fingerprint + "-unconfirmed"
+
+
+def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
+    from lightning import Trainer
+    from rl_helpers import SGDModule, length_reward
+
+    from periodic_rl import PromptDataModule
+
+    module = SGDModule(
+        model=tiny_llama_path,
+        num_generations=2,
+        micro_batch_size=2,
+        max_new_tokens=4,
+        reward_funcs=[length_reward],
+    )
+    strategy = _LostPushStrategy(engine="hf", use_ray=False, overlap=False)
+    trainer = Trainer(strategy=strategy, max_steps=3, logger=False, enable_checkpointing=False)
+    with pytest.raises(StaleRolloutError, match="version 0"):
+        trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=8, num_val=0))
+    assert trainer.global_step == 1
+
+
+def test_use_ray_false_refuses_overlap():
+    with pytest.raises(ValueError, match="overlap=False"):
+        PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=True)
