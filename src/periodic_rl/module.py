@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
@@ -22,7 +23,7 @@ from periodic_rl.algorithms.losses import (
     loss_numerator,
     per_token_policy_loss,
 )
-from periodic_rl.attention import completion_logprobs
+from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
 from periodic_rl.models import load_causal_lm, load_tokenizer, resolve_model
 from periodic_rl.rewards import RewardModel, resolve_reward
@@ -274,23 +275,29 @@ class RLModule(L.LightningModule):
             pad_token_id=self.tokenizer.pad_token_id,
         )
         advantages, _ = micro_batch_tensors(groups, self.device)
-        ref_logps = None
-        if h.beta > 0:
-            with torch.no_grad(), self._reference_model() as reference:
-                ref_logps, _ = completion_logprobs(reference, pairs, **forward)
-        logps, mask = completion_logprobs(self.policy, pairs, **forward)
-        per_token, stats = per_token_policy_loss(
-            logps,
-            logps.detach(),  # one optimizer step per iteration: the old policy is the current one
-            advantages,
-            mask,
-            epsilon=h.epsilon,
-            epsilon_high=h.epsilon_high if h.epsilon_high is not None else h.epsilon,
-            beta=h.beta,
-            ref_logps=ref_logps,
-        )
-        numerator = loss_numerator(per_token, mask, h.loss_type)
-        self.manual_backward(numerator)
+        with ExitStack() as stack:
+            if h.shared_prompt:  # keeps attention packed through checkpointed recomputation
+                stack.enter_context(shared_prompt_attention(self.policy))
+            ref_logps = None
+            if h.beta > 0:
+                with torch.no_grad(), self._reference_model() as reference:
+                    ref_logps, _ = completion_logprobs(reference, pairs, **forward)
+            logps, mask, entropy = completion_logprobs(
+                self.policy, pairs, return_entropy=True, **forward
+            )
+            per_token, stats = per_token_policy_loss(
+                logps,
+                logps.detach(),  # one optimizer step per iteration: old policy == current one
+                advantages,
+                mask,
+                epsilon=h.epsilon,
+                epsilon_high=h.epsilon_high if h.epsilon_high is not None else h.epsilon,
+                beta=h.beta,
+                ref_logps=ref_logps,
+            )
+            numerator = loss_numerator(per_token, mask, h.loss_type)
+            self.manual_backward(numerator)
+        stats["entropy_sum"] = (entropy * mask).sum()
         out = {k: float(v) for k, v in stats.items()}
         out["loss_sum"] = float(numerator.detach())
         return out

@@ -164,6 +164,9 @@ class RolloutFabric:
 
         began = time.time()
         if not ray.is_initialized():
+            # Ray renices workers to 15 by default; a rollout worker is half of the pipeline,
+            # not background work, and must not yield its core to anything else.
+            os.environ.setdefault("RAY_worker_niceness", "0")
             with all_cores():
                 ray.init(**self._ray_init_args())
             self._owns_ray = True
@@ -326,9 +329,16 @@ class RolloutFabric:
 
     # ---- generation -------------------------------------------------------------------------
     def generate(
-        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        version: int,
+        groups_per_call: int | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Generate every job on the workers; yield each group once, in completion order.
+
+        ``groups_per_call`` overrides the fabric's chunk size for this call (evaluation, which
+        does not stream, batches whole shares of the jobs per worker).
 
         Checks (fabric started, last push good, ``version`` current, unique job indices) run
         at the call, before the first group is asked for.
@@ -340,16 +350,20 @@ class RolloutFabric:
             raise ValueError(f"generate for version {version}, workers hold {self.version}")
         if len({job.index for job in jobs}) != len(jobs):
             raise ValueError("job indices must be unique within one generate call")
-        return self._generate(list(jobs), sampling, version)
+        return self._generate(list(jobs), sampling, version, groups_per_call)
 
     def _generate(
-        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        version: int,
+        groups_per_call: int | None,
     ) -> Iterator[GeneratedGroup]:
         import ray
         from ray.exceptions import RayActorError
 
         expected_indices = {job.index for job in jobs}
-        size = self.groups_per_call
+        size = groups_per_call or self.groups_per_call
         pending = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
         in_flight: dict[Any, _Call] = {}
         yielded: set[int] = set()

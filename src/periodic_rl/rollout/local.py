@@ -32,8 +32,13 @@ class LocalRollouts:
         return self.fingerprint
 
     def generate(
-        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        version: int,
+        groups_per_call: int | None = None,
     ) -> Iterator[GeneratedGroup]:
+        """Every job in one engine call (``groups_per_call`` is ignored: nothing streams)."""
         started = time.time()
         outputs = self.engine.generate([job.request() for job in jobs], sampling)
         finished = time.time()

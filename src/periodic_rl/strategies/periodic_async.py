@@ -150,7 +150,8 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         self, jobs: list[GroupJob], sampling: SamplingConfig
     ) -> list[GeneratedGroup]:
         """All groups of ``jobs`` with the current weights (evaluation; no streaming)."""
-        return list(self.rollouts.generate(jobs, sampling, self.policy_version))
+        share = -(-len(jobs) // self.num_workers)  # one large call per worker: nothing streams
+        return list(self.rollouts.generate(jobs, sampling, self.policy_version, share))
 
     def rollout_micro_batches(
         self,
