@@ -9,9 +9,10 @@ optimizer) on G completions of one prompt, packed and padded, and reports::
     cpu ratio   = the same with process CPU time (steadier when the machine is shared)
     efficiency  = time ratio / token ratio   (target >= 0.8)
 
-Memory is reported two ways: the bytes of tensors autograd saves for backward (deterministic; the
-activation memory the packing reduces) and the process RSS high-water mark during the step
-(sampled; noisy on a shared machine).
+Memory: the bytes of the tensors autograd saves for backward (parameters excluded). At the end of
+the forward all of them are alive at once, which is where a training step peaks; parameters and
+gradients are the same in both layouts. Deterministic, unlike RSS on a CPU, whose allocator keeps
+freed memory (a sampled RSS high-water mark showed mostly the previous run's leftovers).
 
 Quick check on a small config (what docs/shared_prompt.md shows)::
 
@@ -26,9 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import threading
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,37 +75,8 @@ def smollm2_model() -> torch.nn.Module:
 MODELS = {"small": small_model, "smollm2": smollm2_model}
 
 
-class RssPeak:
-    """Samples this process's resident set size in a thread; ``peak`` is the maximum seen."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self.interval_s = interval_s
-        self.page = os.sysconf("SC_PAGE_SIZE")
-        self.peak = 0
-        self._stop = threading.Event()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> RssPeak:
-        self.base = self._rss()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def train_step(model: torch.nn.Module, groups: list, shared: bool) -> dict[str, float]:
-    """One forward+backward; returns seconds, saved-activation MiB and RSS peak increase MiB."""
+    """One forward+backward: wall and CPU seconds, and MiB of activations saved for backward."""
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -113,20 +84,18 @@ def train_step(model: torch.nn.Module, groups: list, shared: bool) -> dict[str, 
         return t
 
     model.zero_grad(set_to_none=True)
-    with RssPeak() as rss:
-        start, cpu_start = time.perf_counter(), time.process_time()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logps, mask = completion_logprobs(model, groups, shared_prompt=shared)
-        weights = torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)
-        (logps * weights * mask).sum().backward()
-        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logps, mask = completion_logprobs(model, groups, shared_prompt=shared)
+    weights = torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)
+    (logps * weights * mask).sum().backward()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     params = {p.data_ptr() for p in model.parameters()}
     activations = sum(n for ptr, n in saved.items() if ptr not in params)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "saved_mib": activations / 2**20,
-        "rss_peak_mib": max(0, rss.peak - rss.base) / 2**20,
     }
 
 
@@ -155,9 +124,9 @@ def measure(
         row[f"{name}_s"] = min(x["seconds"] for x in runs[name])
         row[f"{name}_cpu_s"] = min(x["cpu_seconds"] for x in runs[name])
         row[f"{name}_saved_mib"] = runs[name][0]["saved_mib"]
-        row[f"{name}_rss_mib"] = max(x["rss_peak_mib"] for x in runs[name])
     row["time_ratio"] = row["padded_s"] / row["packed_s"]
     row["cpu_time_ratio"] = row["padded_cpu_s"] / row["packed_cpu_s"]
+    row["cpu_efficiency"] = row["cpu_time_ratio"] / row["token_ratio"]
     row["efficiency"] = row["time_ratio"] / row["token_ratio"]
     row["memory_ratio"] = row["padded_saved_mib"] / max(row["packed_saved_mib"], 1e-9)
     return row
@@ -166,17 +135,18 @@ def measure(
 def print_table(model_name: str, rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'G':>3} {'P':>4} {'R':>4} | {'tok ratio':>9} {'time ratio':>10} {'eff':>5} "
-        f"{'cpu ratio':>9} | "
-        f"{'padded s':>8} {'packed s':>8} | {'saved MiB pad/pack':>19} | {'RSS+ MiB pad/pack':>18}"
+        f"{'cpu ratio':>9} {'cpu eff':>7} | "
+        f"{'padded s':>8} {'packed s':>8} | {'act. MiB pad/pack':>17} {'mem ratio':>9}"
     )
     print(f"\n## {model_name}\n{header}\n{'-' * len(header)}")
     for x in rows:
         print(
             f"{x['G']:>3} {x['P']:>4} {x['R']:>4} | {x['token_ratio']:>9.2f} "
-            f"{x['time_ratio']:>10.2f} {x['efficiency']:>5.2f} {x['cpu_time_ratio']:>9.2f} | "
+            f"{x['time_ratio']:>10.2f} {x['efficiency']:>5.2f} {x['cpu_time_ratio']:>9.2f} "
+            f"{x['cpu_efficiency']:>7.2f} | "
             f"{x['padded_s']:>8.2f} {x['packed_s']:>8.2f} | "
-            f"{x['padded_saved_mib']:>9.0f}/{x['packed_saved_mib']:<9.0f} | "
-            f"{x['padded_rss_mib']:>8.0f}/{x['packed_rss_mib']:<9.0f}",
+            f"{x['padded_saved_mib']:>8.0f}/{x['packed_saved_mib']:<8.0f} "
+            f"{x['memory_ratio']:>9.2f}",
             flush=True,
         )
 
@@ -188,6 +158,7 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", default=[f"{p}x{r}" for p, r in LENGTHS])
     parser.add_argument("--quick", action="store_true", help="1 warm-up, 2 timed runs per cell")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per cell and layout")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "shared_prompt.json"
@@ -195,11 +166,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    repeats, warmup = (2, 1) if args.quick else (args.repeats, 1)
+    repeats, warmup = (2, min(args.warmup, 1)) if args.quick else (args.repeats, args.warmup)
     lengths = [tuple(int(v) for v in s.split("x")) for s in args.lengths]
 
     results: dict[str, Any] = {
-        "command": "python benchmarks/shared_prompt.py " + " ".join(os.sys.argv[1:]),
+        "command": "python benchmarks/shared_prompt.py " + " ".join(sys.argv[1:]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),

@@ -47,7 +47,7 @@ def test_packed_equals_padded_logps_and_grads(arch, groups):
         assert diff < ATOL, f"{arch}/{backend}: max |packed - padded| = {diff:.2e}"
         grads = grads_of(model, lambda b=backend: completion_logprobs(model, groups, backend=b)[0])
         gdiff = max_grad_diff(grads, ref_grads)
-        assert gdiff < 1e-4, f"{arch}/{backend}: max grad diff {gdiff:.2e}"
+        assert gdiff < 2e-5, f"{arch}/{backend}: max grad diff {gdiff:.2e}"
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -137,5 +137,21 @@ def test_gradient_checkpointing_needs_the_session(groups):
         grads = grads_of(model, lambda: completion_logprobs(model, groups)[0])
         # an ordinary padded forward inside the session still gets its usual masks
         inside = grads_of(model, lambda: completion_logprobs(model, groups, shared_prompt=False)[0])
-    assert max_grad_diff(grads, ref) < 1e-4
+    assert max_grad_diff(grads, ref) < 2e-5
     assert max_grad_diff(inside, ref) < 1e-6
+
+
+@pytest.mark.pretrained
+def test_smollm2_packed_equals_padded(smollm2_path):
+    """The real SmolLM2-135M (30 layers, 9 query / 3 KV heads, tied embeddings)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    prompt = tok("What is 17 + 25? Answer briefly.")["input_ids"]
+    replies = [tok(t)["input_ids"] for t in (" 42.", " It is 42, because 17 + 25 = 42.", " 32")]
+    groups = [(prompt, replies), (tok("Name a colour.")["input_ids"], replies[:2])]
+    with torch.no_grad():
+        ref, _ = completion_logprobs(model, groups, shared_prompt=False)
+        logps, _ = completion_logprobs(model, groups)
+    assert (logps - ref).abs().max().item() < ATOL

@@ -33,7 +33,7 @@ def test_lora_packed_equals_padded(arch, groups):
         )
         grads = grads_of(model, lambda b=backend: completion_logprobs(model, groups, backend=b)[0])
         assert ref_grads and all("lora_" in name for name in ref_grads)
-        assert max_grad_diff(grads, ref_grads) < 1e-4
+        assert max_grad_diff(grads, ref_grads) < 2e-5
     with torch.no_grad():
         policy_ref, _ = completion_logprobs(model, groups, shared_prompt=False)
         policy, _ = completion_logprobs(model, groups)

