@@ -105,6 +105,7 @@ class RLModule(L.LightningModule):
         _validate_config(locals())
         self.save_hyperparameters(ignore=["reward_funcs"])
         self.automatic_optimization = False
+        self.strict_loading = lora is None  # LoRA checkpoints hold the adapter only
         self._reward_specs = list(reward_funcs or [])
         self.model_path = resolve_model(model)
         self.policy: Any = None
@@ -350,7 +351,27 @@ class RLModule(L.LightningModule):
 
     # ---- held-out evaluation and logging ------------------------------------------------------
     def on_train_start(self) -> None:
+        self._rollout_strategy().sync_version(self.trainer.global_step)  # resumed runs
         self.evaluate(tag="start")
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """With LoRA only the adapter is saved (the base is re-read from ``model``)."""
+        if self.hparams.lora is not None:
+            checkpoint["state_dict"] = {
+                k: v for k, v in checkpoint["state_dict"].items() if "lora_" in k
+            }
+        checkpoint["periodic_rl"] = {
+            "policy_version": self.trainer.global_step,
+            "torch_rng": torch.get_rng_state(),
+            "eval_history": list(self.eval_history),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("periodic_rl", {})
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
+        self.eval_history = list(state.get("eval_history", []))
 
     def on_train_end(self) -> None:
         self.evaluate(tag="end")

@@ -5,14 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
-from torch.utils.data import DataLoader
 
+from periodic_rl.data.loader import PromptLoader
 from periodic_rl.data.sources import PromptSource, load_source
-
-
-def _collate_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return rows
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -71,15 +66,9 @@ class PromptDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         _ = self.source  # load and validate before any expensive work starts
 
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(
-            self.source.train,
-            batch_size=self.hparams.batch_size,
-            shuffle=self.hparams.shuffle,
-            generator=generator,
-            drop_last=True,
-            collate_fn=_collate_rows,
+    def train_dataloader(self) -> PromptLoader:
+        return PromptLoader(
+            self.source.train, self.hparams.batch_size, self.hparams.seed, self.hparams.shuffle
         )
 
     def held_out(self) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
+from periodic_rl.checkpoint import AtomicCheckpointIO
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.timing import SpanRecorder
@@ -63,6 +64,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         device: str = "cpu",
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(device=torch.device(device), **kwargs)
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -139,6 +141,12 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         self.policy_version += 1
         self.push_weights()
         return output
+
+    def sync_version(self, version: int) -> None:
+        """After a resume, continue the version count at ``version`` and re-push the weights."""
+        if version != self.policy_version:
+            self.policy_version = version
+            self.push_weights()
 
     def push_weights(self) -> str:
         """Send the policy's current weights to every worker and record their fingerprint."""

@@ -1,0 +1,55 @@
+"""A sized, seeded prompt loader whose position survives a checkpoint.
+
+Lightning saves and restores the state of any train loader that has ``state_dict`` and
+``load_state_dict``; with this one, a resumed run sees exactly the prompts the uninterrupted run
+would have seen. Being sized, it is never prefetched ahead of the current iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class PromptLoader:
+    """Batches of ``batch_size`` rows, reshuffled (seeded) every epoch; the last short batch is
+    dropped so every iteration has the same number of groups."""
+
+    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int, shuffle: bool):
+        if len(rows) < batch_size:
+            raise ValueError(
+                f"{len(rows)} training rows is fewer than batch_size={batch_size} prompts"
+            )
+        self.rows = rows
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0  # batches of the current epoch already handed out
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.batch_size
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.rows)))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(len(self.rows), generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        order = self._order()
+        while self.position < len(self):
+            start = self.position * self.batch_size
+            self.position += 1
+            yield [self.rows[i] for i in order[start : start + self.batch_size]]
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
