@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import STEPS
+from callback_runs import STEPS
 from matplotlib.image import imread
 
 
@@ -29,5 +29,6 @@ def test_report_names_checkpoint_and_exported_model(full_run):
 def test_reward_curve_png(full_run):
     report = full_run.callbacks["FitReport"]
     assert [h["iteration"] for h in report.history] == list(range(STEPS))
+    assert len(report.pipeline) == STEPS
     image = imread(report.curve_path)
     assert image.shape[0] >= 300 and image.shape[1] >= 500

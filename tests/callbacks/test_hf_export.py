@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -39,6 +41,10 @@ def test_full_export_folders(full_run):
     assert sorted(p.name for p in export.iterdir()) == ["final", "iteration-2"]  # no temp dirs
     files = {p.name for p in (export / "final").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for file in (export / "final").iterdir():  # readable by a server running as another user
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file.name
     callback = full_run.callbacks["HFExport"]
     assert callback.final_path == export / "final"
     assert callback.exports == [export / "iteration-2", export / "final"]
@@ -58,6 +64,7 @@ def test_lora_adapter_reloads_on_the_base(lora_run, tiny_llama_path):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in path.iterdir()}
     base = AutoModelForCausalLM.from_pretrained(tiny_llama_path)
     _assert_same(PeftModel.from_pretrained(base, path), lora_run, path)
+    _assert_same(AutoModelForCausalLM.from_pretrained(path), lora_run, path)  # via peft
     _assert_trained(lora_run, tiny_llama_path)
 
 

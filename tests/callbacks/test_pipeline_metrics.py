@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from conftest import STEPS
+from callback_runs import STEPS
 
 from periodic_rl.callbacks.metrics import KEYS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import STEPS
+from callback_runs import STEPS
 from matplotlib.image import imread
 
 from periodic_rl.callbacks import PipelineTimeline
@@ -28,7 +28,13 @@ def test_iteration_trace_has_the_lanes_and_spans(full_run):
     trace = json.loads((_timeline_dir(full_run) / "iteration-1.trace.json").read_text())
     assert _lanes(trace) == {"trainer", "worker-0"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {e["name"] for e in spans} == {"generate", "wait", "train micro-batch", "weight push"}
+    assert {e["name"] for e in spans} == {
+        "generate",
+        "wait",
+        "train micro-batch",
+        "optimizer step",
+        "weight push",
+    }
     assert all(e["args"]["iteration"] == 1 for e in spans)
     assert min(e["ts"] for e in spans) == 0.0
 

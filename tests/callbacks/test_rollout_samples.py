@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from conftest import STEPS
+from callback_runs import STEPS
 
 from periodic_rl.callbacks.samples import markdown_table, sample_rows
 from periodic_rl.rollout.types import RolloutGroup

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from periodic_rl.callbacks import (
     FitReport,
     HFExport,
@@ -28,10 +30,13 @@ trainer:
 model:
   class_path: periodic_rl.RLModule
   init_args: {model: MODEL}
+data:
+  class_path: periodic_rl.PromptDataModule
 """
 
 
-def test_callbacks_from_yaml(tmp_path, tiny_llama_path):
+def test_callbacks_from_yaml(tmp_path, tiny_llama_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["periodic-rl"])  # not pytest's arguments
     config = tmp_path / "run.yaml"
     config.write_text(CONFIG.replace("MODEL", tiny_llama_path))
     cli = PeriodicRLCLI(

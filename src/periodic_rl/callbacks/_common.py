@@ -56,6 +56,28 @@ def order_lanes(lanes: Any) -> list[str]:
     return sorted(set(lanes), key=key)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _plain_permissions(path: Path) -> None:
+    """Give ``path`` (and, for a folder, everything in it) the permissions a plain ``open`` or
+    ``mkdir`` would: temp-file helpers and some writers (safetensors) make files owner-only,
+    which would hide an exported model from a server running as another user."""
+    mask = _umask()
+    if path.is_file():
+        os.chmod(path, 0o666 & ~mask)
+        return
+    os.chmod(path, 0o777 & ~mask)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` in one step."""
@@ -64,7 +86,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     os.close(handle)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
+        _plain_permissions(Path(tmp))  # mkstemp makes it owner-only
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -89,7 +111,7 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only
+        _plain_permissions(tmp)  # mkdtemp makes it owner-only
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"

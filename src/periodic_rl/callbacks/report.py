@@ -105,6 +105,7 @@ class FitReport(Callback):
         self.output_dir = output_dir
         self.print_report = print_report
         self.history: list[dict[str, float]] = []
+        self.pipeline: list[dict[str, float]] = []
         self.report_path: Path | None = None
         self.curve_path: Path | None = None
         self._started = 0.0
@@ -113,9 +114,14 @@ class FitReport(Callback):
         """The folder the report goes to."""
         return Path(self.output_dir) if self.output_dir is not None else run_dir(trainer)
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # setup, not on_fit_start: the wall time then includes loading the model and starting
+        # the rollout workers (the strategy's setup runs between the two).
+        if stage != "fit":
+            return
         self._started = time.perf_counter()
         self.history = []
+        self.pipeline = []
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -123,6 +129,10 @@ class FitReport(Callback):
         stats = getattr(pl_module, "last_iteration", None)
         if stats is not None and stats.rewards:
             self.history.append({"iteration": finished_iteration(trainer), **stats.metrics()})
+        recorder = span_recorder(trainer)
+        if recorder is not None and recorder.iteration is not None:
+            # Now, not at the end: the final evaluation is recorded under the last iteration.
+            self.pipeline.append(recorder.summary(recorder.iteration))
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.is_global_zero:
@@ -150,7 +160,7 @@ class FitReport(Callback):
         lines += ["", "## Run", ""]
         iterations = len(self.history)
         lines.append(f"- iterations: {iterations} (trainer global step {trainer.global_step})")
-        lines.append(f"- wall time: {wall_s:.1f} s for the whole fit")
+        lines.append(f"- wall time: {wall_s:.1f} s for the whole fit (model loading included)")
         if self.history:
             seconds = [h["iteration_s"] for h in self.history]
             rollouts = statistics.fmean(h["rollouts_per_s"] for h in self.history)
@@ -164,19 +174,17 @@ class FitReport(Callback):
                 f"- training reward: {self.history[0]['reward']:.4g} (first iteration) -> "
                 f"{self.history[-1]['reward']:.4g} (last)"
             )
-        lines += self._pipeline_lines(trainer)
+        lines += self._pipeline_lines()
         lines += ["", "## Artefacts", ""]
         lines += self._artefact_lines(trainer)
         return "\n".join(lines) + "\n"
 
-    def _pipeline_lines(self, trainer: Any) -> list[str]:
-        recorder = span_recorder(trainer)
-        if recorder is None or not recorder.iterations():
+    def _pipeline_lines(self) -> list[str]:
+        if not self.pipeline:
             return []
-        summaries = [recorder.summary(it) for it in recorder.iterations()]
 
         def mean(key: str) -> float:
-            return statistics.fmean(s[key] for s in summaries)
+            return statistics.fmean(s[key] for s in self.pipeline)
 
         return [
             f"- pipeline (mean per iteration): overlap ratio {mean('overlap_ratio'):.0%}, "

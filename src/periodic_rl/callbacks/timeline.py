@@ -27,6 +27,7 @@ SPAN_COLOURS = {
     "generate": "#4C72B0",
     "wait": "#C8C8C8",
     "train micro-batch": "#55A868",
+    "optimizer step": "#2D6A3E",
     "weight push": "#C44E52",
 }
 OTHER_COLOURS = ("#8172B2", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
@@ -46,6 +47,7 @@ def gantt_png(
     path: Path,
     title: str,
     iteration_starts: dict[int, float] | None = None,
+    xlabel: str = "seconds from iteration start",
 ) -> Path:
     """Draw ``spans`` as a Gantt chart (one row per lane, x in seconds from the first span)
     and write it to ``path`` as a PNG. ``iteration_starts`` marks iteration boundaries.
@@ -58,7 +60,8 @@ def gantt_png(
     from matplotlib.patches import Patch
 
     lanes = order_lanes(s.lane for s in spans) or ["trainer"]
-    names = list(dict.fromkeys(s.name for s in spans))
+    seen = set(s.name for s in spans)
+    names = [n for n in SPAN_COLOURS if n in seen] + sorted(seen - SPAN_COLOURS.keys())
     colours = span_colours(names)
     origin = min((s.start for s in spans), default=0.0)
     end = max((s.end for s in spans), default=origin + 1.0)
@@ -80,12 +83,12 @@ def gantt_png(
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(len(lanes) - 0.5, -0.7)
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
-    ax.set_xlabel("seconds from start")
+    ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", linewidth=0.3)
     handles = [Patch(facecolor=colours[n], label=n) for n in names]
     if handles:
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=6)
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
@@ -114,6 +117,9 @@ class PipelineTimeline(Callback):
         every_n_iterations: also draw iterations 0, N, 2N, ...
             With neither set, iterations 0 and 1 are drawn (the first one includes warm-up).
         output_dir: where to write (default ``<log_dir>/timeline``).
+
+    Drawing takes a fraction of a second on the trainer's thread between two iterations (it
+    shows as a gap in ``all.png``): choose a few iterations, not every one, in long runs.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class PipelineTimeline(Callback):
         self.every_n_iterations = every_n_iterations
         self.output_dir = output_dir
         self.written: list[Path] = []
+        self.summaries: dict[int, dict[str, float]] = {}
 
     def wants(self, iteration: int) -> bool:
         """Whether ``iteration`` is drawn."""
@@ -153,6 +160,9 @@ class PipelineTimeline(Callback):
         iteration = recorder.iteration
         if iteration is None:
             iteration = finished_iteration(trainer)
+        # Summarised now: after training, the module's final evaluation generates with the
+        # last iteration's tag still set, which would count as that iteration's generation.
+        self.summaries[iteration] = recorder.summary(iteration)
         if self.wants(iteration) and recorder.spans(iteration):
             self.write_iteration(recorder, iteration, self.resolve_output_dir(trainer))
 
@@ -182,12 +192,16 @@ class PipelineTimeline(Callback):
         spans = recorder.spans()
         iterations = recorder.iterations()
         starts = {it: min(s.start for s in spans if s.iteration == it) for it in iterations}
-        ratios = [recorder.summary(it)["overlap_ratio"] for it in iterations]
+        ratios = [
+            (self.summaries.get(it) or recorder.summary(it))["overlap_ratio"] for it in iterations
+        ]
         mean = sum(ratios) / len(ratios) if ratios else 0.0
         title = f"{len(iterations)} iterations: mean overlap {mean:.0%} of generation"
         paths = [
             write_json(out / "all.trace.json", recorder.to_chrome_trace()),
-            gantt_png(spans, out / "all.png", title, iteration_starts=starts),
+            gantt_png(
+                spans, out / "all.png", title, iteration_starts=starts, xlabel="seconds from start"
+            ),
         ]
         self.written.extend(paths)
         return paths

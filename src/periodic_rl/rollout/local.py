@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from periodic_rl.rollout.engine import InferenceEngine
+from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 
 
@@ -18,8 +19,9 @@ class LocalRollouts:
     backend, and the reference the Ray fabric is compared with.
     """
 
-    def __init__(self, engine: InferenceEngine) -> None:
+    def __init__(self, engine: InferenceEngine, spans: SpanRecorder | None = None) -> None:
         self.engine = engine
+        self.spans = spans if spans is not None else SpanRecorder()
         self.version = -1
         self.fingerprint = ""
 
@@ -42,6 +44,7 @@ class LocalRollouts:
         started = time.time()
         outputs = self.engine.generate([job.request() for job in jobs], sampling)
         finished = time.time()
+        self.spans.add("generate", worker_lane(0), started, finished)
         for job, completions in zip(jobs, outputs, strict=True):
             yield GeneratedGroup(
                 index=job.index,

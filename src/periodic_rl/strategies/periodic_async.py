@@ -108,7 +108,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         if not self.use_ray:
             from periodic_rl.rollout.local import LocalRollouts
 
-            return LocalRollouts(spec.build())
+            return LocalRollouts(spec.build(), spans=self.spans)
         from periodic_rl.rollout.fabric import RolloutFabric
 
         fabric = RolloutFabric(
@@ -137,7 +137,8 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
     def optimizer_step(
         self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
-        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        with self.spans.span("optimizer step", "trainer"):
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self.policy_version += 1
         self.push_weights()
         return output
@@ -162,7 +163,12 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
     ) -> list[GeneratedGroup]:
         """All groups of ``jobs`` with the current weights (evaluation; no streaming)."""
         share = -(-len(jobs) // self.num_workers)  # one large call per worker: nothing streams
-        return list(self.rollouts.generate(jobs, sampling, self.policy_version, share))
+        previous = self.spans.iteration
+        self.spans.new_iteration(None)  # evaluation is no iteration's generation time
+        try:
+            return list(self.rollouts.generate(jobs, sampling, self.policy_version, share))
+        finally:
+            self.spans.new_iteration(previous)
 
     def rollout_micro_batches(
         self,
@@ -190,7 +196,8 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         producer.start()
         try:
             if not self.overlap:
-                producer.join()  # the synchronous baseline: generate everything, then train
+                with self.spans.span("wait", "trainer"):
+                    producer.join()  # the synchronous baseline: generate everything, then train
             while True:
                 wait_start = time.time()
                 groups = stream.get_micro_batch(micro_batch_size)
