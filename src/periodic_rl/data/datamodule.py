@@ -19,8 +19,10 @@ class PromptDataModule(L.LightningDataModule):
             is handed to the reward functions as a keyword list.
         batch_size: prompts per iteration; each becomes a group of ``num_generations`` samples.
         val_source: held-out prompts, when not the ``val_split`` of ``source``.
-        split: split of ``source`` to train on. val_split: held-out split.
-        num_train: rows generated for a built-in task. num_val: held-out rows used at most.
+        split: split of ``source`` to train on.
+        val_split: split of ``source`` (or ``val_source``) held out for evaluation.
+        num_train: rows generated for a built-in task.
+        num_val: held-out rows used at most.
         prompt_column: the column holding the prompt.
         seed: seeds the built-in task and the shuffling order.
         shuffle: shuffle training prompts (seeded) every epoch.
