@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -125,9 +126,13 @@ def test_worker_loads_weights_and_refuses_other_versions(worker, tiny_llama_path
 
 
 def test_worker_shutdown_is_final(tiny_llama_path):
+    # In this test the worker lives in pytest's own process, whose children may include what
+    # earlier tests started (a Ray session): only children the worker left behind count.
+    already_there = {tuple(d) for d in descendants(os.getpid())}
     worker = RolloutWorker(0, EngineSpec("hf", tiny_llama_path))
     report = worker.shutdown()
-    assert report["pid"] == worker.pid() and report["descendants"] == []
+    assert report["pid"] == worker.pid()
+    assert {tuple(d) for d in report["descendants"]} <= already_there
     worker.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         worker.generate(jobs(), SAMPLING, 0)
