@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -169,14 +170,16 @@ def main() -> None:
     repeats, warmup = (2, min(args.warmup, 1)) if args.quick else (args.repeats, args.warmup)
     lengths = [tuple(int(v) for v in s.split("x")) for s in args.lengths]
 
-    results: dict[str, Any] = {
+    run = {
         "command": "python benchmarks/shared_prompt.py " + " ".join(sys.argv[1:]),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "backend": "auto (split on CPU)",
-        "models": {},
+        "load_average_at_start": os.getloadavg()[0],
     }
+    # one file for all models: a run replaces the entries of the models it measured
+    results = json.loads(args.out.read_text()) if args.out.exists() else {"models": {}}
     for model_name in args.models:
         model = MODELS[model_name]().train()
         rows = []
@@ -184,7 +187,7 @@ def main() -> None:
             for g in args.groups:
                 rows.append(measure(model, g, p, r, repeats, warmup))
         print_table(model_name, rows)
-        results["models"][model_name] = rows
+        results["models"][model_name] = {**run, "rows": rows}
         del model
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
-from conftest import tiny_llama_config
+
+
+def _root_conftest():  # noqa: ANN202 - a module
+    """tests/conftest.py by path: ``import conftest`` may resolve to another directory's."""
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_periodic_rl_root_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tiny_llama_config = _root_conftest().tiny_llama_config
 
 VOCAB = 256
 COMMON = dict(

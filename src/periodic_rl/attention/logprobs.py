@@ -179,7 +179,7 @@ def completion_logprobs(
             :data:`periodic_rl.attention.BACKENDS` (``sdpa``, ``split``, ``flex``, ``flash``).
         pad_token_id: filler of the padded path (masked out, so its value does not matter).
         return_entropy: also return the (detached) per-token entropy of the predictive
-            distribution, ``[N, T]``; it costs one extra pass over the projected logits.
+            distribution, ``[N, T]``, computed in the same pass over the projected logits.
 
     Returns:
         ``(logps, mask)`` (or ``(logps, mask, entropy)``), each ``[N, T]`` float32 with ``N`` the
