@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -26,6 +27,8 @@ class PeriodicRLCLI(LightningCLI):
 def main(args: list[str] | None = None) -> PeriodicRLCLI:
     """Run the CLI. Subclasses of RLModule / PromptDataModule are accepted by class_path."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # One optimizer step per training_step: the post-step state is the state to checkpoint.
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
     return PeriodicRLCLI(
         RLModule,
         PromptDataModule,
