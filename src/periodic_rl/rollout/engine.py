@@ -45,3 +45,4 @@ class InferenceEngine(ABC):
 
     def shutdown(self) -> None:
         """Release the engine's processes and memory. Safe to call twice."""
+        return None
