@@ -19,6 +19,7 @@ from periodic_rl.callbacks import (
     HFExport,
     PipelineMetrics,
     PipelineTimeline,
+    RLMetrics,
     RolloutSamples,
 )
 
@@ -26,6 +27,7 @@ SECTIONS = [
     ("model", RLModule),
     ("data", PromptDataModule),
     ("trainer.strategy", PeriodicAsyncStrategy),
+    ("trainer.callbacks", RLMetrics),
     ("trainer.callbacks", RolloutSamples),
     ("trainer.callbacks", PipelineTimeline),
     ("trainer.callbacks", PipelineMetrics),

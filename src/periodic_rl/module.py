@@ -263,8 +263,7 @@ class RLModule(L.LightningModule):
         optimizer.step()  # the strategy bumps the policy version and pushes the new weights
         optimizer.zero_grad(set_to_none=True)
         stats.finished = time.perf_counter()
-        self.last_iteration = stats
-        self._log_iteration(stats)
+        self.last_iteration = stats  # logged by the RLMetrics callback
 
     def _backward_micro_batch(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Forward the policy (and reference) on one packed micro-batch; backward the loss sum."""
@@ -408,11 +407,11 @@ class RLModule(L.LightningModule):
         print(f"[periodic_rl] held-out ({tag}, iteration {self.trainer.global_step}): {summary}")
         return result
 
-    def _log_iteration(self, stats: IterationStats) -> None:
-        metrics = stats.metrics()
-        progress = {"reward", "rollouts_per_s"}
-        for name, value in metrics.items():
-            self.log(name, value, prog_bar=name in progress, on_step=True, on_epoch=False)
+    def configure_callbacks(self) -> list[Any]:
+        """Metrics of every iteration are always logged (replace with your own RLMetrics)."""
+        from periodic_rl.callbacks.rl_metrics import RLMetrics
+
+        return [RLMetrics()]
 
 
 class _Nullcontext:

@@ -12,7 +12,15 @@ Each works from YAML, e.g.::
 from periodic_rl.callbacks.export import HFExport
 from periodic_rl.callbacks.metrics import PipelineMetrics
 from periodic_rl.callbacks.report import FitReport
+from periodic_rl.callbacks.rl_metrics import RLMetrics
 from periodic_rl.callbacks.samples import RolloutSamples
 from periodic_rl.callbacks.timeline import PipelineTimeline
 
-__all__ = ["FitReport", "HFExport", "PipelineMetrics", "PipelineTimeline", "RolloutSamples"]
+__all__ = [
+    "FitReport",
+    "HFExport",
+    "PipelineMetrics",
+    "PipelineTimeline",
+    "RLMetrics",
+    "RolloutSamples",
+]

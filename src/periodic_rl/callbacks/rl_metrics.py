@@ -1,0 +1,49 @@
+"""`RLMetrics`: what each iteration's rollouts were, logged; the key few in the progress bar.
+
+Every :class:`~periodic_rl.RLModule` adds this callback by default (``configure_callbacks``);
+pass your own instance in ``trainer.callbacks`` to change what the progress bar shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from torchmetrics.aggregation import MeanMetric
+
+PROGRESS_BAR = ("reward", "rewards/accuracy", "rollouts_per_s")
+
+
+class RLMetrics(Callback):
+    """Log the iteration's metrics: reward mean/std (total and per function as
+    ``rewards/<name>``), accuracy (when the task has one), completion length, clip fraction,
+    KL (``beta > 0``), entropy, fraction of groups whose rewards are all equal (no learning
+    signal), and throughput (rollouts/s, tokens/s). ``reward_running`` is the mean training
+    reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
+
+    Args:
+        progress_bar: metric names also shown in the progress bar.
+    """
+
+    def __init__(self, progress_bar: list[str] | tuple[str, ...] = PROGRESS_BAR) -> None:
+        self.progress_bar = tuple(progress_bar)
+        self.running_reward = MeanMetric()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = getattr(pl_module, "last_iteration", None)
+        if stats is None:
+            return
+        metrics = stats.metrics()
+        self.running_reward.update(metrics["reward"], weight=stats.num_sequences)
+        metrics["reward_running"] = float(self.running_reward.compute())
+        for name, value in metrics.items():
+            pl_module.log(
+                name,
+                float(value),
+                prog_bar=name in self.progress_bar,
+                on_step=True,
+                on_epoch=False,
+                batch_size=stats.num_sequences,
+            )
