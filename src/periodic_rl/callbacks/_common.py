@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.rollout.timing import TRAINER_LANE, WORKER_LANE_PREFIX, SpanRecorder
+from periodic_rl.rollout.timing import SpanRecorder
 
 
 def run_dir(trainer: Any) -> Path:
@@ -40,20 +40,6 @@ def span_recorder(trainer: Any) -> SpanRecorder | None:
     """The strategy's timing spans, or None when the strategy records none."""
     spans = getattr(trainer.strategy, "spans", None)
     return spans if isinstance(spans, SpanRecorder) else None
-
-
-def order_lanes(lanes: Any) -> list[str]:
-    """Trainer first, then workers by number, then every other lane alphabetically."""
-
-    def key(lane: str) -> tuple[int, int, str]:
-        if lane == TRAINER_LANE:
-            return (0, 0, lane)
-        suffix = lane.removeprefix(WORKER_LANE_PREFIX)
-        if lane.startswith(WORKER_LANE_PREFIX) and suffix.isdigit():
-            return (1, int(suffix), lane)
-        return (2, 0, lane)
-
-    return sorted(set(lanes), key=key)
 
 
 def _umask() -> int:

@@ -16,12 +16,11 @@ from lightning.pytorch.callbacks import Callback
 from periodic_rl.callbacks._common import (
     atomic_file,
     finished_iteration,
-    order_lanes,
     run_dir,
     span_recorder,
     write_json,
 )
-from periodic_rl.rollout.timing import Span, SpanRecorder, summarize
+from periodic_rl.rollout.timing import Span, SpanRecorder, ordered_lanes, summarize
 
 SPAN_COLOURS = {
     "generate": "#4C72B0",
@@ -59,7 +58,7 @@ def gantt_png(
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    lanes = order_lanes(s.lane for s in spans) or ["trainer"]
+    lanes = ordered_lanes(s.lane for s in spans) or ["trainer"]
     seen = set(s.name for s in spans)
     names = [n for n in SPAN_COLOURS if n in seen] + sorted(seen - SPAN_COLOURS.keys())
     colours = span_colours(names)

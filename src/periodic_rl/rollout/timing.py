@@ -168,7 +168,7 @@ class SpanRecorder:
         thread per lane, one complete ("X") event per span, times in microseconds."""
         spans = self.spans(iteration)
         origin = min((s.start for s in spans), default=0.0)
-        lanes = _ordered_lanes(s.lane for s in spans)
+        lanes = ordered_lanes(s.lane for s in spans)
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "periodic_rl"}}
         ]
@@ -235,7 +235,7 @@ def summarize(spans: list[Span]) -> dict[str, float]:
     }
 
 
-def _ordered_lanes(lanes: Iterable[str]) -> list[str]:
+def ordered_lanes(lanes: Iterable[str]) -> list[str]:
     """Trainer first, then workers by number, then the rest alphabetically."""
 
     def key(lane: str) -> tuple[int, int, str]:
