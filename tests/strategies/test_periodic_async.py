@@ -4,6 +4,9 @@ Real Ray actors with the transformers engine on a tiny model (vLLM is covered in
 tests/rollout). Ray is started once for the module; each fit creates and removes its workers.
 """
 
+import os
+import signal
+
 import pytest
 import ray
 from rl_helpers import max_diff, train
@@ -71,3 +74,28 @@ def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
 def test_use_ray_false_refuses_overlap():
     with pytest.raises(ValueError, match="overlap=False"):
         PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=True)
+
+
+class _KillOneWorkerStrategy(PeriodicAsyncStrategy):
+    """SIGKILLs worker 0 right after the first micro-batch of iteration 1 has arrived."""
+
+    def rollout_micro_batches(self, jobs, *args, **kwargs):
+        victim = self.rollouts.worker_pids()[0] if self.policy_version == 1 else None
+        for index, groups in enumerate(super().rollout_micro_batches(jobs, *args, **kwargs)):
+            if index == 0 and victim is not None:
+                os.kill(victim, signal.SIGKILL)
+            yield groups
+        self.restarts_seen = self.rollouts.restarts
+
+
+def test_worker_killed_mid_iteration_gives_the_fault_free_update(
+    tiny_llama_path, local_ray, monkeypatch
+):
+    import rl_helpers
+
+    fault_free, _, _ = train(tiny_llama_path, steps=3, strategy=_ray_strategy(True, 2))
+    monkeypatch.setattr(rl_helpers, "PeriodicAsyncStrategy", _KillOneWorkerStrategy)
+    faulty, _, killer = train(tiny_llama_path, steps=3, strategy=_ray_strategy(True, 2))
+    assert killer.restarts_seen >= 1  # the worker really died and was replaced
+    assert killer.policy_version == 3
+    assert max_diff(fault_free, faulty) < 1e-5
