@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -112,26 +113,66 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def other_benchmarks() -> list[str]:
+    """Command lines of other benchmarks' measurement processes running now (a process whose
+    arguments name a ``benchmarks/*.py`` script and ``--child``, the convention of this folder),
+    excluding this process and its parent."""
+    mine = {os.getpid(), os.getppid()}
+    found = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        if pid in mine:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        script = any("benchmarks/" in a and a.endswith(".py") for a in args)
+        if script and "--child" in args:
+            found.append(" ".join(args)[:160])
+    return found
+
+
 def wait_for_quiet(
     max_load: float, max_wait_s: float, poll_s: float = 15.0, log=print
 ) -> dict[str, Any]:
-    """Poll the 1-minute load average until it is at most ``max_load`` or ``max_wait_s`` passed.
+    """Wait until the 1-minute load average is at most ``max_load`` and no other benchmark is
+    measuring (:func:`other_benchmarks`), or until ``max_wait_s`` passed.
 
     Other processes (a test suite, another benchmark) on a 2-core machine distort timings. This
     waits a little for them rather than measuring their noise; what it saw is returned so that
-    the result file can say how quiet the machine was.
+    the result file can say how quiet the machine was. Two benchmarks waiting for the same quiet
+    moment would start together: after the machine looks quiet, a random pause of up to
+    ``poll_s`` seconds and a second look let the later one see the other's measurement.
     """
     began = time.monotonic()
-    load = load_average()
-    while load and load[0] > max_load and time.monotonic() - began < max_wait_s:
-        log(f"load average {load} > {max_load}: waiting for the machine to quieten ...")
+    rng = random.Random(os.getpid())
+
+    def busy() -> tuple[list[float], list[str], bool]:
+        load, others = load_average(), other_benchmarks()
+        return load, others, bool(others) or (bool(load) and load[0] > max_load)
+
+    load, others, is_busy = busy()
+    while time.monotonic() - began < max_wait_s:
+        if not is_busy:
+            time.sleep(rng.uniform(0.0, poll_s))
+            load, others, is_busy = busy()
+            if not is_busy:
+                break
+        reason = f"another benchmark is running ({others[0]})" if others else f"load {load}"
+        log(f"{reason}; max load {max_load}: waiting for the machine to quieten ...")
         time.sleep(poll_s)
-        load = load_average()
+        load, others, is_busy = busy()
     return {
         "load_average": load,
         "waited_s": round(time.monotonic() - began, 1),
-        "quiet": bool(load) and load[0] <= max_load,
+        "quiet": not is_busy,
         "max_load": max_load,
+        "other_benchmarks": others,
     }
 
 

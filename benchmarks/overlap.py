@@ -12,9 +12,9 @@ dropped; every number is a median over the measured iterations of a mode.
 Per iteration, from ``strategy.spans`` (the strategy's and the fabric's own timing spans):
 
     generate   union of the worker's generation calls
-    train      the trainer's micro-batch forward/backward spans, plus the optimizer step
-               (gradient normalisation, clipping, AdamW: the gap between the last micro-batch and
-               the weight push, which no span of the strategy covers)
+    train      the trainer's micro-batch forward/backward spans, plus the optimizer step: from
+               the drained stream to the weight push (gradient normalisation and clipping in
+               the module, then the strategy's "optimizer step" span, AdamW)
     push       the weight push after the step (state dict, ray.put, load, fingerprint check)
     ideal      max(generate, train) + push: what perfect overlap would cost
     s/iter     wall clock of the whole ``training_step`` (a Lightning callback's timestamps)
@@ -83,9 +83,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="prompts (groups) per iteration")
     p.add_argument("--num-generations", type=int, default=8, help="samples per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--micro-batch-size", type=int, default=None, help="default: 2 groups")
-    p.add_argument("--groups-per-call", type=int, default=2, help="groups per worker call")
-    p.add_argument("--shared-cores", action="store_true", help="also run without pinning")
+    p.add_argument(
+        "--granularity",
+        nargs="+",
+        default=None,
+        metavar="CALLxMB",
+        help="groups per worker call x micro-batch size (completions), e.g. 2x16 1x8; each "
+        "gives a sync and an overlapped mode",
+    )
+    p.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="also run without pinning (first granularity only, --shared-iterations per mode)",
+    )
+    p.add_argument("--shared-iterations", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="fewer, shorter iterations")
     p.add_argument("--max-load", type=float, default=0.7, help="wait while the load is above")
     p.add_argument("--max-wait", type=float, default=180.0, help="seconds to wait for quiet")
@@ -93,15 +104,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # internal: one placement
     args = p.parse_args(argv)
     quick = args.quick
+    g = args.num_generations
     if args.iterations is None:
-        args.iterations = 2 if quick else 4
+        args.iterations = 2 if quick else 3
     if args.batch_size is None:
         args.batch_size = 4
     if args.max_new_tokens is None:
         args.max_new_tokens = 32 if quick else 64
-    if args.micro_batch_size is None:
-        args.micro_batch_size = 2 * args.num_generations
+    if args.granularity is None:
+        args.granularity = [f"2x{2 * g}"] if quick else [f"2x{2 * g}", f"1x{g}"]
+    args.granularity = [parse_granularity(x, g) for x in args.granularity]
     return args
+
+
+def parse_granularity(text: str, num_generations: int) -> tuple[int, int]:
+    calls, _, micro = text.lower().partition("x")
+    try:
+        result = int(calls), int(micro)
+    except ValueError:
+        raise SystemExit(f"--granularity {text!r}: expected CALLxMB, e.g. 2x16") from None
+    if result[0] < 1 or result[1] < 1 or result[1] % num_generations:
+        raise SystemExit(
+            f"--granularity {text!r}: groups per call >= 1 and a micro-batch that is a positive "
+            f"multiple of num_generations ({num_generations})"
+        )
+    return result
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,8 +142,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "num_generations": args.num_generations,
         "max_new_tokens": args.max_new_tokens,
-        "micro_batch_size": args.micro_batch_size,
-        "groups_per_call": args.groups_per_call,
+        "granularity": [{"groups_per_call": c, "micro_batch_size": m} for c, m in args.granularity],
         "dtype": "float32",
         "lora": None,
         "shared_prompt": True,
@@ -127,7 +153,6 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "seed": 0,
         "prompts": PROMPT.format(topic="<topic>") + f" ({len(TOPICS)} topics)",
         "reward": "variety_reward (distinct words / 50)",
-        "schedule": schedule(args.warmup, args.iterations),
     }
 
 
@@ -137,12 +162,22 @@ PLACEMENTS = {
 }
 
 
-def schedule(warmup: int, per_mode: int) -> list[str]:
-    """Warm-up iterations, then ABBA pairs: overlap, sync, sync, overlap, ..."""
-    modes = ["sync" if i % 2 == 0 else "overlap" for i in range(warmup)]
-    for i in range(per_mode):
-        modes += ["overlap", "sync"] if i % 2 == 0 else ["sync", "overlap"]
-    return modes
+def schedule(granularity: list[tuple[int, int]], warmup: int, per_mode: int) -> list[dict]:
+    """Warm-up iterations, then rounds over every mode, every other round reversed
+    (A B C D, D C B A, ...), so that drift over the run hits every mode alike."""
+    modes = [
+        {"overlap": overlap, "groups_per_call": calls, "micro_batch_size": micro}
+        for calls, micro in granularity
+        for overlap in (True, False)
+    ]
+    plan = [dict(modes[i % len(modes)], warmup=True) for i in range(warmup)]
+    for r in range(per_mode):
+        plan += [dict(m, warmup=False) for m in (modes if r % 2 == 0 else modes[::-1])]
+    return plan
+
+
+def mode_key(it: dict[str, Any]) -> tuple[int, int, bool]:
+    return (it["groups_per_call"], it["micro_batch_size"], it["overlap"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,25 +190,42 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {machine['nproc']} x {machine['cpu_model']}, {machine['versions']}")
     print(
         f"settings: {args.batch_size} prompts x G={args.num_generations} x "
-        f"{args.max_new_tokens} new tokens, micro-batch {args.micro_batch_size}, "
-        f"{args.groups_per_call} groups per worker call; {args.iterations} iterations per mode "
-        f"after {args.warmup} warm-up"
+        f"{args.max_new_tokens} new tokens; granularity (groups per call x micro-batch) "
+        f"{args.granularity}; {args.iterations} iterations per mode after {args.warmup} warm-up"
     )
     runs = []
     for name in placements:
         quiet = wait_for_quiet(args.max_load, args.max_wait)
         print(f"\n== placement '{name}' {PLACEMENTS[name]}; load average {quiet['load_average']}")
-        result = run_child({**settings, "placement": name, **PLACEMENTS[name]})
+        granularity = args.granularity if name == "disjoint" else args.granularity[:1]
+        per_mode = args.iterations if name == "disjoint" else args.shared_iterations
+        plan = schedule(granularity, args.warmup, per_mode)
+        config = {**settings, "placement": name, **PLACEMENTS[name], "schedule": plan}
+        result = run_child(config)
+        for key, trace in result.pop("traces", {}).items():
+            trace_path = args.output.with_name(f"{args.output.stem}_trace_{name}_{key}.json")
+            print(f"trace of an overlapped iteration: {write_json(trace_path, trace)}")
+        result["granularity"] = granularity
+        result["schedule"] = plan
         result["load_before"] = quiet
         result["load_after"] = load_average()
         runs.append(result)
         print_iterations(result)
-    summary = [summarize_mode(run, mode) for run in runs for mode in ("sync", "overlap")]
+    summary = [
+        summarize_mode(run, calls, micro, overlap)
+        for run in runs
+        for calls, micro in run["granularity"]
+        for overlap in (False, True)
+    ]
     table = results_table(summary)
     print("\n" + table)
-    verdicts = [verdict(run, summary) for run in runs]
-    for line in verdicts:
-        print(line)
+    verdicts = [
+        verdict(summary, run["placement"], calls, micro)
+        for run in runs
+        for calls, micro in run["granularity"]
+    ]
+    for v in verdicts:
+        print(v["text"])
     data = {
         "benchmark": "overlap",
         "date": now_iso(),
@@ -207,72 +259,119 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarize_mode(run: dict[str, Any], mode: str) -> dict[str, Any]:
-    its = [it for it in run["iterations"] if it["mode"] == mode and not it["warmup"]]
-    keys = [
-        "seconds", "generate", "train", "micro_batches", "step", "push", "trainer_idle",
-        "worker_idle", "first_wait", "train_after_generation", "ideal", "vs_ideal",
-        "overlap_ratio", "tokens",
-    ]  # fmt: skip
-    row: dict[str, Any] = {"placement": run["placement"], "mode": mode, "n": len(its)}
-    for key in keys:
+SUMMARY_KEYS = [
+    "seconds", "generate", "train", "micro_batches", "step", "push", "trainer_idle",
+    "worker_idle", "first_wait", "train_after_generation", "ideal", "vs_ideal",
+    "overlap_ratio", "tokens",
+]  # fmt: skip
+
+
+def summarize_mode(run: dict[str, Any], calls: int, micro: int, overlap: bool) -> dict[str, Any]:
+    its = [
+        it
+        for it in run["iterations"]
+        if mode_key(it) == (calls, micro, overlap) and not it["warmup"]
+    ]
+    row: dict[str, Any] = {
+        "placement": run["placement"],
+        "groups_per_call": calls,
+        "micro_batch_size": micro,
+        "mode": "overlap" if overlap else "sync",
+        "n": len(its),
+    }
+    for key in SUMMARY_KEYS:
         row[key] = median([it[key] for it in its])
     return row
 
 
+def find(summary: list[dict], placement: str, calls: int, micro: int, mode: str) -> dict:
+    return next(
+        r
+        for r in summary
+        if (r["placement"], r["groups_per_call"], r["micro_batch_size"], r["mode"])
+        == (placement, calls, micro, mode)
+    )
+
+
+def sync_bound(summary: list[dict[str, Any]], placement: str, calls: int, micro: int) -> float:
+    """max(generate, train) + push of the synchronous iterations: each side measured alone, so
+    any slow-down that overlapping causes (shared caches, memory bandwidth) counts against it."""
+    s = find(summary, placement, calls, micro, "sync")
+    return max(s["generate"], s["train"]) + s["push"]
+
+
 def results_table(summary: list[dict[str, Any]]) -> str:
     headers = [
-        "cores", "mode", "s/iter", "generate", "train", "trainer idle", "worker idle", "push",
-        "ideal", "vs ideal", "overlap", "n",
+        "cores (trainer / worker)", "groups/call, micro-batch", "mode", "s/iter", "vs sync",
+        "generate", "train", "trainer idle", "worker idle", "push", "ideal", "vs ideal",
+        "vs ideal (own spans)", "n",
     ]  # fmt: skip
-    sync = {r["placement"]: r["seconds"] for r in summary if r["mode"] == "sync"}
     rows = []
     for r in summary:
-        cores = "0 / 1" if r["placement"] == "disjoint" else "shared"
-        mode = r["mode"]
-        if mode == "overlap" and sync.get(r["placement"]):
-            mode += f" ({1 - r['seconds'] / sync[r['placement']]:+.0%} s)".replace("+", "-", 1)
+        key = (r["placement"], r["groups_per_call"], r["micro_batch_size"])
+        sync = find(summary, *key, "sync")
+        bound = sync_bound(summary, *key)
         rows.append(
             [
-                cores, mode, r["seconds"], r["generate"], r["train"], r["trainer_idle"],
-                r["worker_idle"], r["push"], r["ideal"], f"{r['vs_ideal']:.2f}x",
-                f"{r['overlap_ratio']:.0%}", r["n"],
+                "0 / 1 (pinned)" if r["placement"] == "disjoint" else "shared (no pinning)",
+                f"{r['groups_per_call']}, {r['micro_batch_size']}",
+                r["mode"], r["seconds"], f"{r['seconds'] / sync['seconds']:.2f}x",
+                r["generate"], r["train"], r["trainer_idle"], r["worker_idle"], r["push"],
+                bound, f"{r['seconds'] / bound:.2f}x", f"{r['vs_ideal']:.2f}x", r["n"],
             ]
         )  # fmt: skip
     return markdown_table(headers, rows)
 
 
-def verdict(run: dict[str, Any], summary: list[dict[str, Any]]) -> str:
-    """Whether the overlapped iteration is within 15% of the ideal bound, and why not."""
-    rows = {r["mode"]: r for r in summary if r["placement"] == run["placement"]}
-    o, s = rows["overlap"], rows["sync"]
-    bound_sync = max(s["generate"], s["train"]) + s["push"]
-    ok = o["vs_ideal"] <= 1.15
-    return (
-        f"[{run['placement']}] overlapped {o['seconds']:.1f} s/iter vs ideal {o['ideal']:.1f} s "
-        f"(own spans; {o['vs_ideal']:.2f}x) and {bound_sync:.1f} s (sync spans; "
-        f"{o['seconds'] / bound_sync:.2f}x): target 'within 15%' "
-        f"{'MET' if ok else 'NOT met'}. Sync {s['seconds']:.1f} s/iter. "
-        f"Overlapped: trainer waits {o['first_wait']:.1f} s for its first micro-batch, "
-        f"trains {o['train_after_generation']:.1f} s (incl. optimizer step {o['step']:.1f} s) "
-        f"after the last group arrived, pushes {o['push']:.1f} s with the worker idle."
+def verdict(summary: list[dict[str, Any]], placement: str, calls: int, micro: int) -> dict:
+    """Whether the overlapped iteration is within 15% of the ideal bound, and where time goes."""
+    o = find(summary, placement, calls, micro, "overlap")
+    s = find(summary, placement, calls, micro, "sync")
+    bound = sync_bound(summary, placement, calls, micro)
+    ratio = o["seconds"] / bound
+    met = ratio <= 1.15
+    text = (
+        f"[{placement}, {calls} groups/call, micro-batch {micro}] overlapped "
+        f"{o['seconds']:.1f} s/iter vs sync {s['seconds']:.1f} s/iter; ideal "
+        f"max(generate, train) + push = {bound:.1f} s from the sync iterations ({ratio:.2f}x), "
+        f"{o['ideal']:.1f} s from the overlapped iterations' own spans ({o['vs_ideal']:.2f}x): "
+        f"within 15% {'MET' if met else 'NOT met'}. Overlapped, the trainer waits "
+        f"{o['first_wait']:.1f} s for its first micro-batch and trains "
+        f"{o['train_after_generation']:.1f} s after the last group arrived (optimizer step "
+        f"{o['step']:.1f} s included); the push takes {o['push']:.1f} s with neither side "
+        "computing."
     )
+    return {
+        "placement": placement,
+        "groups_per_call": calls,
+        "micro_batch_size": micro,
+        "sync_s": s["seconds"],
+        "overlap_s": o["seconds"],
+        "ideal_s": bound,
+        "overlap_vs_ideal": ratio,
+        "ideal_own_spans_s": o["ideal"],
+        "overlap_vs_ideal_own_spans": o["vs_ideal"],
+        "within_15_percent": met,
+        "text": text,
+    }
 
 
 def print_iterations(run: dict[str, Any]) -> None:
     headers = [
-        "it", "mode", "s", "generate", "train", "step", "push", "first wait", "train after gen",
-        "ideal", "tokens",
+        "it", "mode", "calls, mb", "s", "generate", "train", "step", "push", "first wait",
+        "train after gen", "ideal", "tokens",
     ]  # fmt: skip
     rows = [
         [
-            it["iteration"], it["mode"] + (" (warm-up)" if it["warmup"] else ""), it["seconds"],
+            it["iteration"], ("overlap" if it["overlap"] else "sync")
+            + (" (warm-up)" if it["warmup"] else ""),
+            f"{it['groups_per_call']}, {it['micro_batch_size']}", it["seconds"],
             it["generate"], it["train"], it["step"], it["push"], it["first_wait"],
             it["train_after_generation"], it["ideal"], it["tokens"],
         ]
         for it in run["iterations"]
     ]  # fmt: skip
-    print(markdown_table(headers, rows))
+    print(markdown_table(headers, rows), flush=True)
 
 
 # ---- the child: one placement, one fit ---------------------------------------------------------
@@ -289,19 +388,31 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
     from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 
     class ModeSwitch(L.Callback):
-        """Sets ``strategy.overlap`` before each iteration and timestamps the iteration."""
+        """Before each iteration: set the mode (``strategy.overlap``, the fabric's groups per
+        call, the module's micro-batch size: all three are read afresh by every iteration);
+        timestamp the iteration."""
 
-        def __init__(self, modes: list[str]) -> None:
-            self.modes = modes
+        def __init__(self, plan: list[dict[str, Any]]) -> None:
+            self.plan = plan
             self.records: list[dict[str, Any]] = []
+            self.workers: list[dict[str, Any]] = []
+            self.trainer_placement: dict[str, Any] = {}
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.workers = trainer.strategy.rollouts.worker_info()
+            self.trainer_placement = {
+                "affinity": sorted(os.sched_getaffinity(0)),
+                "torch_threads": torch.get_num_threads(),
+            }
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             strategy = trainer.strategy
-            mode = self.modes[len(self.records)]
-            strategy.overlap = mode == "overlap"
-            self.records.append(
-                {"mode": mode, "version": strategy.policy_version, "start": time.time()}
-            )
+            mode = self.plan[len(self.records)]
+            strategy.overlap = mode["overlap"]
+            strategy.groups_per_call = mode["groups_per_call"]
+            strategy.rollouts.groups_per_call = mode["groups_per_call"]
+            pl_module.hparams.micro_batch_size = mode["micro_batch_size"]
+            self.records.append({**mode, "version": strategy.policy_version, "start": time.time()})
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             record = self.records[-1]
@@ -319,7 +430,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             model=config["model"],
             num_generations=config["num_generations"],
             max_new_tokens=config["max_new_tokens"],
-            micro_batch_size=config["micro_batch_size"],
+            micro_batch_size=config["granularity"][0]["micro_batch_size"],
             learning_rate=config["learning_rate"],
             temperature=config["temperature"],
             loss_type=config["loss_type"],
@@ -336,13 +447,13 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             overlap=False,
             worker_cores=config["worker_cores"],
             trainer_cores=config["trainer_cores"],
-            groups_per_call=config["groups_per_call"],
+            groups_per_call=config["granularity"][0]["groups_per_call"],
         )
-        modes = config["schedule"]
-        switch = ModeSwitch(modes)
+        plan = config["schedule"]
+        switch = ModeSwitch(plan)
         trainer = L.Trainer(
             strategy=strategy,
-            max_steps=len(modes),
+            max_steps=len(plan),
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
@@ -358,31 +469,37 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
         trainer.fit(module, datamodule=datamodule)
         fit_s = time.time() - began
 
-    warmup = config["warmup_iterations"]
     iterations = []
     for i, record in enumerate(switch.records):
         spans = strategy.spans.spans(record["version"])
-        iterations.append(
-            {
-                "iteration": i,
-                "mode": record["mode"],
-                "warmup": i < warmup,
-                "seconds": record["end"] - record["start"],
-                "tokens": record["tokens"],
-                "sequences": record["sequences"],
-                **analyse(spans),
-            }
-        )
-        it = iterations[-1]
+        it = {
+            "iteration": i,
+            **{k: record[k] for k in ("overlap", "groups_per_call", "micro_batch_size")},
+            "warmup": record["warmup"],
+            "seconds": record["end"] - record["start"],
+            "tokens": record["tokens"],
+            "sequences": record["sequences"],
+            **analyse(spans),
+        }
         it["vs_ideal"] = it["seconds"] / it["ideal"] if it["ideal"] > 0 else float("nan")
+        iterations.append(it)
+    traces = {}  # the last overlapped iteration of each granularity, for chrome://tracing
+    for record in switch.records:
+        if record["overlap"] and not record["warmup"]:
+            key = f"{record['groups_per_call']}x{record['micro_batch_size']}"
+            traces[key] = strategy.spans.to_chrome_trace(record["version"])
     first = switch.records[0]["start"] if switch.records else began
     return {
         **{k: config[k] for k in ("placement", "trainer_cores", "worker_cores")},
         "fit_s": fit_s,
         "startup_s": first - began,  # Ray, the worker's vLLM engine, the policy, first push
-        "trainer_affinity": sorted(os.sched_getaffinity(0)),
-        "trainer_threads": torch.get_num_threads(),
+        "trainer": switch.trainer_placement,
+        "workers": [
+            {k: w.get(k) for k in ("pid", "cores", "affinity", "threads", "startup_s")}
+            for w in switch.workers
+        ],
         "iterations": iterations,
+        "traces": traces,
     }
 
 
@@ -391,19 +508,21 @@ def analyse(spans: list[Any]) -> dict[str, float]:
     from periodic_rl.rollout.timing import PUSH_NAMES, WAIT_NAMES, measure, summarize
 
     summary = summarize(spans)
-    trainer = sorted((s for s in spans if s.lane == "trainer"), key=lambda s: s.start)
-    micro = [s for s in trainer if s.name not in WAIT_NAMES | PUSH_NAMES]
+    trainer = [s for s in spans if s.lane == "trainer"]
+    micro = sorted((s for s in trainer if s.name == "train micro-batch"), key=lambda s: s.start)
+    streamed = [s for s in trainer if s.name == "train micro-batch" or s.name in WAIT_NAMES]
     pushes = [s for s in spans if s.name in PUSH_NAMES]
     generation = [(s.start, s.end) for s in spans if s.lane.startswith("worker-")]
     begin = min(s.start for s in spans)
     push_start = min((s.start for s in pushes), default=max(s.end for s in spans))
-    before_push = [s.end for s in trainer if s.name not in PUSH_NAMES and s.end <= push_start]
-    # normalise + clip + AdamW: between the last trainer span and the push, covered by no span
-    step = push_start - max(before_push) if before_push else 0.0
+    stream_end = max((s.end for s in streamed if s.end <= push_start), default=push_start)
+    # after the stream is drained: gradient normalisation, clipping (in the module, no span) and
+    # the strategy's "optimizer step" span (AdamW)
+    step = push_start - stream_end
     gen_end = max((end for _, end in generation), default=begin)
     tail = measure((max(s.start, gen_end), s.end) for s in micro if s.end > gen_end)
-    train = summary["training_time"] + step
-    ideal = max(summary["generation_time"], train) + summary["push_time"]
+    train = measure((s.start, s.end) for s in micro) + step
+    push = summary["push_time"]
     wall = summary["wall_time"]
     return {
         "span_wall": wall,
@@ -411,15 +530,16 @@ def analyse(spans: list[Any]) -> dict[str, float]:
         "train": train,
         "micro_batches": float(len(micro)),
         "step": step,
-        "push": summary["push_time"],
-        # everything the trainer is not computing or pushing; the strategy's own
-        # trainer_idle_time misses the synchronous mode's wait (producer.join is not a span)
-        "trainer_idle": wall - train - summary["push_time"],
-        "trainer_idle_spans": summary["trainer_idle_time"],
-        "worker_idle": summary["worker_idle_time"],
+        "push": push,
+        "trainer_idle": wall - train - push,  # neither training nor pushing
+        "trainer_idle_spans": summary["trainer_idle_time"],  # the strategy's "wait" spans
+        # the worker's idle time over the whole iteration (the strategy's own figure,
+        # worker_idle_time, only counts gaps between its first and last generation call)
+        "worker_idle": wall * summary["num_workers"] - summary["worker_busy_time"],
+        "worker_idle_between_calls": summary["worker_idle_time"],
         "first_wait": (micro[0].start - begin) if micro else 0.0,
         "train_after_generation": tail + step,
-        "ideal": ideal,
+        "ideal": max(summary["generation_time"], train) + push,
         "overlap_ratio": summary["overlap_ratio"],
     }
 
