@@ -32,7 +32,8 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 bench: $(STAMP)
-	$(PY) benchmarks/vs_trl.py
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"  # TRL: benchmark only
+	$(PY) benchmarks/vs_trl.py --max-wait 120
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

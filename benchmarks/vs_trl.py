@@ -22,16 +22,20 @@ of the machine's cores (c, c2: the trainer and the worker each use every core, o
 other; d: one core each, at the same time). periodic_rl runs hold no held-out evaluation
 (``num_val=0``) and no progress bar.
 
-Per configuration (medians over repeats): completions/s and completion tokens/s over the measured
-steps (every step but the first, which is warm-up), seconds per optimizer step, start-up (process
-start to the first step: imports, model load, engine start, first weight push), peak memory of
-the whole process tree (trainer, Ray, the vLLM worker: PSS, so shared pages count once; RSS too),
-and the mean reward of every step (so speed is compared at matched learning).
+Per configuration: seconds per optimizer step, the median over the measured steps of every
+repeat pooled (every step but each run's first, which is warm-up; a step runs from the end of the
+previous one to its own end), and the mean over them; completions/s and completion tokens/s per
+median step; start-up (process start to the first step: imports, model load, engine start, first
+weight push); peak memory of the whole process tree (trainer, Ray, the vLLM worker: PSS, so
+shared pages count once; RSS too); the mean reward of every step (speed at matched learning);
+where a step goes (generation, training, weight push; TRL: its generate call and the rest).
 
     .venv/bin/python benchmarks/vs_trl.py              # SmolLM2-135M-Instruct (make bench)
     .venv/bin/python benchmarks/vs_trl.py --quick      # tiny random config model, smoke run
     .venv/bin/python benchmarks/vs_trl.py --scan       # workload scan: c, c2, d
     .venv/bin/python benchmarks/vs_trl.py --scan --configs a c c2 d   # ... and TRL too
+    .venv/bin/python benchmarks/vs_trl.py --report benchmarks/results/vs_trl.json  # re-tabulate
+    bash benchmarks/gpu.sh                             # the same on one CUDA GPU (not in CI)
 """
 
 from __future__ import annotations
@@ -141,9 +145,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.configs is None:
         args.configs = ["c", "c2", "d"] if args.scan else ["a", "b", "c", "c2", "d"]
     if args.repeats is None:
-        args.repeats = 1 if args.scan else 2
+        args.repeats = 1 if args.scan or args.quick else 2
     if args.steps is None:
-        args.steps = 3 if args.scan else 4
+        args.steps = 3 if args.scan or args.quick else 4
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step is warm-up)")
     per_step, micro = args.prompts * args.num_generations, args.micro_batch_size
@@ -281,7 +285,9 @@ def report(path: Path) -> None:
     if "points" in data:
         for point in data["points"]:
             point["summary"] = main_tables(point["runs"], configs)["summary"]
+            point["breakdown_markdown"] = breakdown_table(point["summary"])
             print(f"\n== {point['name']}\n" + results_table(point["summary"]))
+            print(point["breakdown_markdown"])
         data["table_markdown"] = scan_table(data["points"], configs)
         print("\n" + data["table_markdown"])
     else:
@@ -324,8 +330,17 @@ def run_scan(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
         print(f"\n== scan point '{point['name']}'")
         runs = interleaved(point_args, args.configs, settings, model_path)
         summary = [summarize(cfg, [r for r in runs if r["config"] == cfg]) for cfg in args.configs]
-        print(results_table(summary))
-        points.append({**point, "settings": settings, "summary": summary, "runs": runs})
+        breakdown = breakdown_table(summary)
+        print(results_table(summary) + "\n" + breakdown)
+        points.append(
+            {
+                **point,
+                "settings": settings,
+                "summary": summary,
+                "breakdown_markdown": breakdown,
+                "runs": runs,
+            }
+        )
     table = scan_table(points, args.configs)
     print("\n" + table)
     return {
@@ -955,7 +970,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         worker_cores=worker_cores,
         trainer_cores=trainer_cores,
         gpus_per_worker=0.5 if cuda else 0.0,
-        device="cuda" if cuda else "cpu",
+        device="cuda:0" if cuda else "cpu",
     )
     clock = Clock()
     trainer = L.Trainer(
