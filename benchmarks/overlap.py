@@ -110,8 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.batch_size is None:
         args.batch_size = 4
     if args.max_new_tokens is None:
-        args.max_new_tokens = 32 if quick else 64
+        args.max_new_tokens = 24 if quick else 40
     if args.granularity is None:
+        # the strategy's default (2 groups per call, micro-batches of 2 groups), and the finest
+        # streaming (one group per call and per micro-batch)
         args.granularity = [f"2x{2 * g}"] if quick else [f"2x{2 * g}", f"1x{g}"]
     args.granularity = [parse_granularity(x, g) for x in args.granularity]
     return args
