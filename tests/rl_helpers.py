@@ -28,6 +28,7 @@ def train(
     model_path: str,
     steps: int = 2,
     strategy: dict[str, Any] | None = None,
+    batch_size: int = 3,
     **module_kwargs: Any,
 ) -> tuple[dict[str, torch.Tensor], RLModule, PeriodicAsyncStrategy]:
     """Train ``steps`` iterations; return the trainable parameters, the module and the strategy."""
@@ -55,7 +56,10 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=3, num_train=12, num_val=0))
+    trainer.fit(
+        module,
+        datamodule=PromptDataModule(batch_size=batch_size, num_train=4 * batch_size, num_val=0),
+    )
     params = {
         name: p.detach().clone() for name, p in module.policy.named_parameters() if p.requires_grad
     }

@@ -50,7 +50,8 @@ class RLModule(L.LightningModule):
         temperature, top_p: sampling settings of the rollouts.
         learning_rate, weight_decay: AdamW settings.
         micro_batch_size: completions per forward/backward; a multiple of ``num_generations``
-            so a group never spans two micro-batches.
+            so a group never spans two micro-batches. Default: one group, so that overlapped
+            training starts on the first finished group (the update does not depend on it).
         loss_type: ``grpo``, ``bnpo``, ``dr_grpo`` or ``dapo`` (TRL 1.16 meanings, computed over
             the whole iteration however it is split into micro-batches).
         beta: weight of the k3 KL to the reference policy (0 disables the reference forward).
@@ -82,7 +83,7 @@ class RLModule(L.LightningModule):
         top_p: float = 1.0,
         learning_rate: float = 1e-5,
         weight_decay: float = 0.0,
-        micro_batch_size: int = 16,
+        micro_batch_size: int | None = None,
         loss_type: str = "dapo",
         beta: float = 0.0,
         epsilon: float = 0.2,
@@ -102,6 +103,8 @@ class RLModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        if micro_batch_size is None:
+            micro_batch_size = num_generations  # recorded in hparams as the resolved value
         _validate_config(locals())
         self.save_hyperparameters(ignore=["reward_funcs"])
         self.automatic_optimization = False

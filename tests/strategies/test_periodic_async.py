@@ -42,6 +42,18 @@ def test_overlap_equals_synchronous(tiny_llama_path, local_ray, lora):
     assert sync_strategy.weights_fingerprint == strategy.weights_fingerprint
 
 
+def test_ramped_calls_give_the_synchronous_update(tiny_llama_path, local_ray):
+    # 5 groups, 3 per call: synchronous calls [3, 2]; overlapped with one-group micro-batches
+    # the calls ramp [1, 3, 1]. Different batching, same groups, same update.
+    kwargs = dict(steps=2, batch_size=5)
+    strategy = {"engine": "hf", "num_workers": 1, "groups_per_call": 3}
+    sync, _, _ = train(tiny_llama_path, strategy={**strategy, "overlap": False}, **kwargs)
+    overlapped, _, run = train(tiny_llama_path, strategy={**strategy, "overlap": True}, **kwargs)
+    calls = [s.args["groups"] for s in run.spans.spans() if s.name == "generate"]
+    assert calls[-3:] == [1, 3, 1]
+    assert max_diff(sync, overlapped) < 1e-5
+
+
 class _LostPushStrategy(PeriodicAsyncStrategy):
     """Simulates a weight push that never reached the engine after the first optimizer step."""
 

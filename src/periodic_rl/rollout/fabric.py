@@ -6,7 +6,8 @@ One iteration, from the strategy's side::
     for group in fabric.generate(jobs, sampling, version):
         ...                                        # groups in completion order, each job once
 
-Scheduling: jobs are cut into calls of ``groups_per_call`` groups. A worker holds at most
+Scheduling: jobs are cut into calls of ``groups_per_call`` groups; each worker's first call and
+the iteration's last calls can be one micro-batch's worth (:func:`plan_calls`). A worker holds at most
 ``max_calls_in_flight`` calls (2: it starts the next call while the result of the previous one
 travels back), and a worker gets new work only when one of its calls completes, so faster
 workers take more: load balanced by completion, not round robin.
@@ -44,6 +45,7 @@ from typing import Any
 import torch
 
 from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.schedule import plan_calls
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
@@ -284,8 +286,7 @@ class RolloutFabric:
             self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
         began = time.time()
         state_dict = {name: t.detach().cpu() for name, t in state_dict.items()}  # once, if on GPU
-        # Hash here while the workers load (hashlib releases the GIL on large buffers): the
-        # trainer-side fingerprint costs ~0.85 s for 135M params, as much as the transfer.
+        # Hash here while the workers load (xxhash releases the GIL on large buffers).
         with ThreadPoolExecutor(1, thread_name_prefix="weights-fingerprint") as pool:
             hashing = pool.submit(weights_fingerprint, state_dict)
             ref = ray.put(to_payload(state_dict))
@@ -334,11 +335,14 @@ class RolloutFabric:
         sampling: SamplingConfig,
         version: int,
         groups_per_call: int | None = None,
+        ramp_groups: int | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Generate every job on the workers; yield each group once, in completion order.
 
         ``groups_per_call`` overrides the fabric's chunk size for this call (evaluation, which
-        does not stream, batches whole shares of the jobs per worker).
+        does not stream, batches whole shares of the jobs per worker). ``ramp_groups`` (the
+        groups of one trainer micro-batch) makes the first and last calls that small
+        (:func:`plan_calls`).
 
         Checks (fabric started, last push good, ``version`` current, unique job indices) run
         at the call, before the first group is asked for.
@@ -350,21 +354,18 @@ class RolloutFabric:
             raise ValueError(f"generate for version {version}, workers hold {self.version}")
         if len({job.index for job in jobs}) != len(jobs):
             raise ValueError("job indices must be unique within one generate call")
-        return self._generate(list(jobs), sampling, version, groups_per_call)
+        size = groups_per_call or self.groups_per_call
+        calls = plan_calls(list(jobs), size, self.num_workers, ramp_groups)
+        return self._generate(calls, sampling, version)
 
     def _generate(
-        self,
-        jobs: list[GroupJob],
-        sampling: SamplingConfig,
-        version: int,
-        groups_per_call: int | None,
+        self, calls: list[list[GroupJob]], sampling: SamplingConfig, version: int
     ) -> Iterator[GeneratedGroup]:
         import ray
         from ray.exceptions import RayActorError
 
-        expected_indices = {job.index for job in jobs}
-        size = groups_per_call or self.groups_per_call
-        pending = deque(jobs[i : i + size] for i in range(0, len(jobs), size))
+        expected_indices = {job.index for call in calls for job in call}
+        pending = deque(calls)
         in_flight: dict[Any, _Call] = {}
         yielded: set[int] = set()
         try:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import torch
+import xxhash
 
 
 def weights_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str:
     """Hash of every tensor's name, dtype, shape and bytes, in name order.
 
     Two processes that hold bit-identical weights get the same string; any changed bit changes it.
+    XXH3-128 rather than a cryptographic hash: it is not guarding against an adversary, it runs
+    on the weight push's critical path, and it hashes 540 MB in ~0.04 s where blake2b takes ~0.5 s.
     """
-    digest = hashlib.blake2b(digest_size=16)
+    digest = xxhash.xxh3_128()
     for name in sorted(state_dict):
         tensor = state_dict[name].detach()
         if tensor.device.type != "cpu":

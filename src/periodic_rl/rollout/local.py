@@ -39,8 +39,10 @@ class LocalRollouts:
         sampling: SamplingConfig,
         version: int,
         groups_per_call: int | None = None,
+        ramp_groups: int | None = None,
     ) -> Iterator[GeneratedGroup]:
-        """Every job in one engine call (``groups_per_call`` is ignored: nothing streams)."""
+        """Every job in one engine call (``groups_per_call`` and ``ramp_groups`` are ignored:
+        nothing streams)."""
         started = time.time()
         outputs = self.engine.generate([job.request() for job in jobs], sampling)
         finished = time.time()

@@ -37,7 +37,8 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
             (periodic asynchrony). ``False`` is the synchronous baseline on the same machinery.
         use_ray: run the engines in Ray actors. ``False`` keeps one engine in this process
             (no overlap possible; handy for debugging).
-        ray_address: an existing Ray cluster; by default a local one listening on loopback only.
+        ray_address: an existing Ray cluster; by default a local one without a dashboard (see
+            docs/troubleshooting.md for the ports Ray opens).
         cpus_per_worker, gpus_per_worker: Ray resources reserved per worker.
         worker_cores: CPU cores to pin each worker to (one list per worker).
         trainer_cores: CPU cores to pin the trainer to (with ``worker_cores``, the two sides do
@@ -189,7 +190,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         stream = GroupStream()
         producer = threading.Thread(
             target=self._produce,
-            args=(jobs, sampling, score, stream, on_all_scored),
+            args=(jobs, sampling, score, stream, on_all_scored, micro_batch_size),
             name="periodic-rl-rollouts",
             daemon=True,
         )
@@ -217,11 +218,15 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         score: ScoreFn,
         stream: GroupStream,
         on_all_scored: Callable[[list[RolloutGroup]], None] | None,
+        micro_batch_size: int,
     ) -> None:
         """Generate and score the iteration's groups into ``stream`` (runs in its own thread)."""
+        group_size = max(1, jobs[0].n) if jobs else 1
+        ramp = -(-micro_batch_size // group_size) if self.overlap else None
         try:
             held: list[RolloutGroup] = []
-            for generated in self.rollouts.generate(jobs, sampling, self.policy_version):
+            calls = self.rollouts.generate(jobs, sampling, self.policy_version, ramp_groups=ramp)
+            for generated in calls:
                 group = score(generated)
                 if on_all_scored is None:
                     stream.put(group)
