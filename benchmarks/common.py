@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: machine description, load checks, tables, JSON files.
+"""Helpers shared by the benchmarks: machine description, load checks, tables, JSON files, child
+runs with their process tree's peak memory.
 
 Nothing here imports torch or vLLM: a benchmark's parent process can describe the machine and
 wait for a quiet moment without starting any thread pool.
@@ -14,6 +15,8 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -218,3 +221,139 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+class TreeMemory:
+    """Peak memory of a process and all its descendants, sampled every ``interval`` seconds.
+
+    PSS splits shared pages among the processes mapping them (the sum is what the tree really
+    costs); RSS counts them in every process (an upper bound). Ray's GCS and raylet are children
+    of the driver and the vLLM actor a child of the raylet, so all of them are in the tree."""
+
+    def __init__(self, pid: int, interval: float = 0.5, gpu: bool = False) -> None:
+        import psutil
+
+        self.gpu = gpu
+        self.peak_gpu_mib = 0
+        self.psutil = psutil
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peak_pss = 0
+        self.peak_rss = 0
+        self.peak_root_rss = 0
+        self.peak_by_name: dict[str, int] = {}
+        self.max_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except self.psutil.Error:
+            return
+        pss = rss = 0
+        names: dict[str, int] = {}
+        for proc in procs:
+            try:
+                info = proc.memory_full_info()
+                name = proc.name()
+            except self.psutil.Error:
+                continue
+            pss += getattr(info, "pss", info.rss)
+            rss += info.rss
+            names[name] = names.get(name, 0) + getattr(info, "pss", info.rss)
+            if proc.pid == self.root.pid:
+                self.peak_root_rss = max(self.peak_root_rss, info.rss)
+        self.max_processes = max(self.max_processes, len(procs))
+        if pss > self.peak_pss:
+            self.peak_pss = pss
+            self.peak_by_name = names
+        self.peak_rss = max(self.peak_rss, rss)
+        if self.gpu:  # the whole GPU: meant for a machine that runs nothing else
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+                used = max(int(x) for x in out.stdout.split())
+                self.peak_gpu_mib = max(self.peak_gpu_mib, used)
+            except (OSError, ValueError, subprocess.SubprocessError):
+                pass
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        gib = 2**30
+        return {
+            "peak_tree_pss_gib": round(self.peak_pss / gib, 2),
+            "peak_tree_rss_gib": round(self.peak_rss / gib, 2),
+            "peak_trainer_rss_gib": round(self.peak_root_rss / gib, 2),
+            "at_peak_pss_by_process_gib": {
+                k: round(v / gib, 2) for k, v in sorted(self.peak_by_name.items()) if v > 2**26
+            },
+            "max_processes": self.max_processes,
+            **({"peak_gpu_used_gib": round(self.peak_gpu_mib / 1024, 2)} if self.gpu else {}),
+        }
+
+
+def run_child(
+    script: str | Path,
+    config: dict[str, Any],
+    timeout: float,
+    gpu: bool = False,
+    prefix: str = "prl-bench-run-",
+) -> dict[str, Any]:
+    """One run of ``script --child FILE`` in a fresh interpreter, its process tree's memory
+    watched (:class:`TreeMemory`; the whole GPU's too when ``gpu``).
+
+    ``FILE`` holds ``config`` as JSON (it needs a ``"config"`` key); the child writes it back
+    with its results added. A run past ``timeout`` seconds is killed with its whole process
+    group. When ``FILE`` no longer holds JSON with a ``"config"`` key the result is
+    ``{**config, "ok": False, "error": ...}`` with the tail of the log; a child that never
+    rewrote ``FILE`` leaves ``config`` itself as the result. Either way the result gets the
+    memory peaks, the process time, the exit code, the log tail and the load averages at the
+    start and the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        path = Path(tmp) / "run.json"
+        path.write_text(json.dumps(config))
+        log = Path(tmp) / "log.txt"
+        load = load_average()
+        began = time.time()
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(script), "--child", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a timeout kills the whole tree
+            )
+            memory = TreeMemory(proc.pid, gpu=gpu)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                rc = proc.wait()
+        mem = memory.stop()
+        process_s = time.time() - began
+        text = log.read_text(errors="replace")
+        try:
+            result = json.loads(path.read_text())
+            if "config" not in result:
+                raise ValueError("the run wrote no result")
+        except (ValueError, json.JSONDecodeError):
+            result = {**config, "ok": False, "error": f"exit code {rc}; log tail:\n{text[-3000:]}"}
+    result.update(mem)
+    result["process_s"] = process_s
+    result["exit_code"] = rc
+    result["log_tail"] = text[-1500:]
+    result["started_at"] = began
+    result["load_at_start"] = load
+    result["load_at_end"] = load_average()
+    return result

@@ -6,11 +6,11 @@ One iteration, from the strategy's side::
     for group in fabric.generate(jobs, sampling, version):
         ...                                        # groups in completion order, each job once
 
-Scheduling: jobs are cut into calls of ``groups_per_call`` groups; each worker's first call and
-the iteration's last calls can be one micro-batch's worth (:func:`plan_calls`). A worker holds at most
-``max_calls_in_flight`` calls (2: it starts the next call while the result of the previous one
-travels back), and a worker gets new work only when one of its calls completes, so faster
-workers take more: load balanced by completion, not round robin.
+Scheduling: jobs are cut into calls of ``groups_per_call`` groups; each worker's first call
+and the iteration's last calls can be one micro-batch's worth (:func:`plan_calls`). A worker
+holds at most ``max_calls_in_flight`` calls (2: it starts the next call while the result of the
+previous one travels back), and a worker gets new work only when one of its calls completes, so
+faster workers take more: load balanced by completion, not round robin.
 
 Faults: a worker that dies (``RayActorError``) is replaced by a new actor on the same cores,
 brought to the current weights (fingerprint checked), and its unfinished calls are dispatched
