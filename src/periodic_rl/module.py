@@ -25,11 +25,12 @@ from periodic_rl.algorithms.losses import (
 )
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
+from periodic_rl.lora_push import lora_adapter_payload
 from periodic_rl.models import load_causal_lm, load_tokenizer, resolve_model
 from periodic_rl.rewards import RewardModel, resolve_reward
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
-from periodic_rl.weights import policy_state_dict
+from periodic_rl.weights import lora_base_state_dict, policy_state_dict
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -224,6 +225,15 @@ class RLModule(L.LightningModule):
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the rollout engines must hold: transformers names, LoRA merged in."""
         return policy_state_dict(self.policy)
+
+    def rollout_adapter(self) -> dict[str, torch.Tensor] | None:
+        """Only the LoRA factors, merged by the rollouts into their base (``None``: no LoRA, or
+        one :mod:`periodic_rl.lora_push` cannot merge; :meth:`rollout_state_dict` is pushed)."""
+        return lora_adapter_payload(self.policy)
+
+    def rollout_base_state_dict(self) -> dict[str, torch.Tensor]:
+        """The frozen base weights :meth:`rollout_adapter` payloads are merged into."""
+        return lora_base_state_dict(self.policy)
 
     # ---- one RL iteration -----------------------------------------------------------------
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:

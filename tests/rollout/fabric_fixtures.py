@@ -18,14 +18,21 @@ HERE = __file__.rsplit("/", 1)[0]
 
 class TamperingEngine(HFEngine):
     """An HFEngine whose weight loads silently corrupt one value: a stand-in for a transport
-    or conversion bug. Its fingerprint is honest about what it holds, so pushes must fail."""
+    or conversion bug. Its fingerprint is honest about what it holds, so pushes must fail.
+    ``only_partial``: tamper only with partial loads (LoRA adapter pushes)."""
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> str:
+    def __init__(self, model: str, only_partial: bool = False, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        self.only_partial = only_partial
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
+        if self.only_partial and not partial:
+            return super().load_weights(state_dict)
         name = sorted(state_dict)[0]
         corrupted = dict(state_dict)
         corrupted[name] = state_dict[name].clone()
         corrupted[name].view(-1)[0] += 1.0
-        return super().load_weights(corrupted)
+        return super().load_weights(corrupted, partial=partial)
 
 
 class SlowEngine(HFEngine):

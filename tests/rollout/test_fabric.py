@@ -169,6 +169,59 @@ def test_fingerprint_mismatch_raises(tiny_llama_path):
         fab.shutdown()
 
 
+def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(fabric2, reference):
+    from lora_helpers import peft_policy
+
+    from periodic_rl.lora_push import adapted_names, lora_adapter_payload, payload_bytes
+    from periodic_rl.rollout.fingerprint import adapter_fingerprint
+    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+
+    jobs = make_jobs(6)
+    version = (fabric2.version or 0) + 1
+    policy = peft_policy(reference.model_path)
+    payload = lora_adapter_payload(policy)
+    base = lora_base_state_dict(policy)  # the checkpoint's: other tests see the same weights
+    base_fingerprint = fabric2.push_weights(base, version, keep=adapted_names(payload))
+    expected = adapter_fingerprint(base_fingerprint, payload)
+    assert fabric2.push_adapter(payload, version + 1) == expected == fabric2.fingerprint
+    assert payload_bytes(payload) < payload_bytes(base) / 100
+    reference.load_weights(policy_state_dict(policy))
+    merged = reference_groups(reference, jobs)
+    groups = list(fabric2.generate(jobs, SAMPLING, version + 1))
+    assert by_index(groups) == merged and {g.fingerprint for g in groups} == {expected}
+    kinds = [s.args.get("kind") for s in fabric2.spans.spans() if s.name == "weight push"]
+    assert kinds[-2:] == ["base", "adapter"]
+    # A worker killed now comes back with the base and the adapter (fingerprint checked).
+    os.kill(fabric2.worker_pids()[0], signal.SIGKILL)
+    after = list(fabric2.generate(jobs, SAMPLING, version + 1))
+    assert by_index(after) == merged and {g.fingerprint for g in after} == {expected}
+    assert fabric2.worker_info()[0]["fingerprint"] == expected
+    fabric2.push_weights(base, version + 2)  # back to plain pushes for the other tests
+    reference.load_weights(base)
+
+
+def test_adapter_push_mismatch_raises(tiny_llama_path):
+    from lora_helpers import peft_policy
+
+    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
+    from periodic_rl.weights import lora_base_state_dict
+
+    policy = peft_policy(tiny_llama_path)
+    payload = lora_adapter_payload(policy)
+    kind, kwargs = "fabric_fixtures:TamperingEngine", {"only_partial": True}
+    fab = fabric(tiny_llama_path, 1, kind=kind, engine_kwargs=kwargs).start()
+    try:
+        with pytest.raises(RuntimeError, match="keep="):  # no base with keep pushed yet
+            fab.push_adapter(payload, version=1)
+        fab.push_weights(lora_base_state_dict(policy), 1, keep=adapted_names(payload))
+        with pytest.raises(RuntimeError, match="loaded other weights"):
+            fab.push_adapter(payload, version=2)
+        with pytest.raises(RuntimeError, match="push"):
+            fab.generate(make_jobs(1), SAMPLING, version=2)
+    finally:
+        fab.shutdown()
+
+
 def test_worker_killed_mid_iteration_loses_and_repeats_nothing(fabric2):
     jobs = make_jobs(10)
     version = fabric2.version or 0

@@ -85,6 +85,38 @@ def test_tied_lm_head_may_be_absent_and_names_are_strict(hf_tiny, vllm_tiny_path
         hf_tiny.load_weights({k: v for k, v in state_dict.items() if k != "model.norm.weight"})
 
 
+def test_lora_adapter_pushes_land(hf_tiny, vllm_tiny_path, fixed_ids, ref_logprobs):
+    """The base once, then only adapters: after each LoRA training step the engine's log-probs
+    are the trainer's, and its weights are ``policy_state_dict``'s bit for bit."""
+    from lora_helpers import peft_policy, sgd_step
+
+    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
+    from periodic_rl.rollout.adapter import AdapterLoader
+    from periodic_rl.rollout.fingerprint import adapter_fingerprint
+    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+
+    policy = peft_policy(vllm_tiny_path)
+    names = adapted_names(lora_adapter_payload(policy))
+    loader = AdapterLoader()
+    base = lora_base_state_dict(policy)
+    base_fingerprint = hf_tiny.load_weights(base)
+    loader.keep_base(hf_tiny, base, names, base_fingerprint)
+    assert sorted(loader.base) == names  # transformers loads any subset: nothing else is kept
+    before = torch.tensor(hf_tiny.prompt_logprobs(fixed_ids))
+    for _ in range(2):  # each adapter is merged into the kept base, not into the last merge
+        sgd_step(policy, fixed_ids)
+        payload = lora_adapter_payload(policy)
+        assert loader.load(hf_tiny, payload) == adapter_fingerprint(base_fingerprint, payload)
+        after = torch.tensor(hf_tiny.prompt_logprobs(fixed_ids))
+        diff = (after - ref_logprobs(policy, fixed_ids)).abs().max().item()
+        assert diff < 1e-5, diff
+        own = hf_tiny.model.state_dict()
+        assert all(torch.equal(own[k], v) for k, v in policy_state_dict(policy).items())
+    assert (after - before).abs().max().item() > 1e-2
+    with pytest.raises(KeyError, match="unexpected|does not have"):
+        hf_tiny.load_weights({"model.extra.weight": torch.zeros(1)}, partial=True)
+
+
 @pytest.mark.pretrained
 def test_pretrained_completion_keeps_eos_and_push_matches_trainer(
     smollm2_path, smollm2_trained, ref_logprobs, fixed_ids

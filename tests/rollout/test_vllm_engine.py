@@ -102,6 +102,39 @@ def test_names_are_strict(vllm_tiny, vllm_tiny_path, make_trainer):
         vllm_tiny.load_weights({k: v for k, v in state_dict.items() if k != "model.norm.weight"})
 
 
+def test_adapter_push_equals_a_full_merged_push(vllm_tiny, vllm_tiny_path, fixed_ids):
+    """A LoRA adapter push is a partial reload of the merged adapted weights plus, from the
+    kept base, the rest of their fused layers (k_proj for q/v, gate_proj for up_proj): the
+    log-probs equal those after a full merged push."""
+    from lora_helpers import peft_policy
+
+    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
+    from periodic_rl.rollout.adapter import AdapterLoader
+    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+
+    policy = peft_policy(vllm_tiny_path, target_modules=["q_proj", "v_proj", "up_proj"])
+    payload = lora_adapter_payload(policy)
+    vllm_tiny.load_weights(policy_state_dict(policy))
+    full = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    base = lora_base_state_dict(policy)
+    loader = AdapterLoader()
+    loader.keep_base(vllm_tiny, base, adapted_names(payload), vllm_tiny.load_weights(base))
+    layers = {f"model.layers.{i}" for i in range(2)}
+    parts = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj"]
+    kept = {f"{layer}.{part}.weight" for layer in layers for part in [*parts, "mlp.up_proj"]}
+    assert set(loader.base) == kept
+    unadapted = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    loader.load(vllm_tiny, payload)
+    adapted = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    diff = (adapted - full).abs().max().item()
+    assert diff < 1e-4, diff
+    assert (unadapted - full).abs().max().item() > 1e-2
+    with pytest.raises(KeyError, match="whole fused layers"):  # q_proj alone would corrupt k, v
+        name = "model.layers.0.self_attn.q_proj.weight"
+        vllm_tiny.load_weights({name: base[name]}, partial=True)
+    vllm_tiny.load_weights(base)  # the checkpoint's weights again, for the other tests
+
+
 def test_in_process_engine_refuses_an_initialised_process_group(vllm_tiny, vllm_tiny_path):
     """vLLM would adopt an existing process group (here: the running engine's own)."""
     from periodic_rl.rollout.vllm_engine import VLLMEngine

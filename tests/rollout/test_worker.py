@@ -125,6 +125,32 @@ def test_worker_loads_weights_and_refuses_other_versions(worker, tiny_llama_path
     ]
 
 
+def test_worker_adapter_push_merges_into_the_kept_base(worker, tiny_llama_path):
+    from lora_helpers import peft_policy
+
+    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
+    from periodic_rl.rollout.fingerprint import adapter_fingerprint
+    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+
+    policy = peft_policy(tiny_llama_path)
+    payload = lora_adapter_payload(policy)
+    base = lora_base_state_dict(policy)  # the checkpoint's weights: the fixture is left as it was
+    worker.load_weights(to_payload(base), version=9)
+    with pytest.raises(RuntimeError, match="keep="):  # no base kept for adapters
+        worker.load_adapter(to_payload(payload), version=10)
+    base_fingerprint = worker.load_weights(to_payload(base), 9, keep=adapted_names(payload))
+    fingerprint = worker.load_adapter(to_payload(payload), version=10)
+    assert fingerprint == adapter_fingerprint(base_fingerprint, payload) == worker.fingerprint()
+    groups = worker.generate(jobs(), SAMPLING, version=10)
+    assert all(g.fingerprint == fingerprint and g.version == 10 for g in groups)
+    own = worker.engine.model.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in policy_state_dict(policy).items())
+    assert worker.info()["fingerprint"] == fingerprint  # what a restarted worker reports
+    worker.load_weights(to_payload(base), version=11)  # a full push forgets the kept base
+    with pytest.raises(RuntimeError, match="keep="):
+        worker.load_adapter(to_payload(payload), version=12)
+
+
 def test_worker_shutdown_is_final(tiny_llama_path):
     # In this test the worker lives in pytest's own process, whose children may include what
     # earlier tests started (a Ray session): only children the worker left behind count.

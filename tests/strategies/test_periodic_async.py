@@ -37,9 +37,21 @@ def test_overlap_equals_synchronous(tiny_llama_path, local_ray, lora):
         )
         assert strategy.policy_version == 3
         assert max_diff(sync, overlapped) < 1e-5, f"{workers} worker(s)"
-    reference, _, _ = train(tiny_llama_path, **kwargs)  # the in-process engine, no Ray
+    reference, _, local = train(tiny_llama_path, **kwargs)  # the in-process engine, no Ray
     assert max_diff(sync, reference) < 1e-5
     assert sync_strategy.weights_fingerprint == strategy.weights_fingerprint
+    # LoRA pushes the base once, then only the adapter (setup + 3 steps: 4 pushes).
+    counts = {"base+adapter": 1, "adapter": 3} if lora else {"full": 4}
+    for run in (sync_strategy, strategy, local):
+        assert {k: v for k, v in run.push_counts.items() if v} == counts
+    pushes = [s for s in strategy.spans.spans() if s.name == "weight push"]
+    kinds = [s.args.get("kind") for s in pushes if s.lane == "weights"]
+    assert kinds == (["base", "adapter", "adapter", "adapter", "adapter"] if lora else ["full"] * 4)
+    if lora:  # the same run with full merged pushes gives the same update
+        local_full = {"engine": "hf", "use_ray": False, "overlap": False, "adapter_pushes": False}
+        merged, _, full = train(tiny_llama_path, strategy=local_full, **kwargs)
+        assert full.push_counts["full"] == 4
+        assert max_diff(reference, merged) < 1e-5
 
 
 def test_ramped_calls_give_the_synchronous_update(tiny_llama_path, local_ray):
@@ -100,14 +112,20 @@ class _KillOneWorkerStrategy(PeriodicAsyncStrategy):
         self.restarts_seen = self.rollouts.restarts
 
 
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
 def test_worker_killed_mid_iteration_gives_the_fault_free_update(
-    tiny_llama_path, local_ray, monkeypatch
+    tiny_llama_path, local_ray, monkeypatch, lora
 ):
     import rl_helpers
 
-    fault_free, _, _ = train(tiny_llama_path, steps=3, strategy=_ray_strategy(True, 2))
+    kwargs = dict(steps=3, strategy=_ray_strategy(True, 2), lora=lora)
+    if lora is not None:
+        kwargs["learning_rate"] = 2.0
+    fault_free, _, _ = train(tiny_llama_path, **kwargs)
     monkeypatch.setattr(rl_helpers, "PeriodicAsyncStrategy", _KillOneWorkerStrategy)
-    faulty, _, killer = train(tiny_llama_path, steps=3, strategy=_ray_strategy(True, 2))
+    faulty, _, killer = train(tiny_llama_path, **kwargs)
     assert killer.restarts_seen >= 1  # the worker really died and was replaced
     assert killer.policy_version == 3
+    if lora is not None:  # the replacement got the base and the adapter of version 1 replayed
+        assert killer.push_counts["adapter"] == 3 and killer.push_counts["full"] == 0
     assert max_diff(fault_free, faulty) < 1e-5

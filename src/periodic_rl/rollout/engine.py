@@ -30,9 +30,22 @@ class InferenceEngine(ABC):
         is kept when generation stopped on it). Same requests and seeds give the same output."""
 
     @abstractmethod
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> str:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
         """Replace the engine's weights (transformers parameter names) and return the
-        fingerprint of what was loaded, computed where the weights were received."""
+        fingerprint of what was loaded, computed where the weights were received. The engine
+        copies what it keeps: callers reuse (or free) the tensors afterwards.
+
+        ``partial=True`` (LoRA adapter pushes) replaces only the weights named, which must be
+        known to the model and cover every name :meth:`partial_load_names` asks for; the others
+        keep their values. An engine written before partial loads (no ``partial`` argument)
+        still works: workers then push it full state dicts (see
+        :mod:`periodic_rl.rollout.adapter`)."""
+
+    def partial_load_names(self, names: set[str]) -> set[str]:
+        """The names a partial load touching ``names`` must carry: ``names`` themselves, plus
+        whatever the engine can only load together with them (vLLM: the other members of a
+        fused ``qkv_proj`` or ``gate_up_proj``). Default: ``names``."""
+        return set(names)
 
     @abstractmethod
     def fingerprint(self) -> str:

@@ -3,6 +3,7 @@
 One iteration, from the strategy's side::
 
     fabric.push_weights(state_dict, version)      # every worker verified to hold exactly these
+    # (LoRA: push_weights(base, version, keep=adapted names) once, then push_adapter(...))
     for group in fabric.generate(jobs, sampling, version):
         ...                                        # groups in completion order, each job once
 
@@ -37,14 +38,11 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.fabric_state import Call, PushedWeights, Slot
+from periodic_rl.rollout.pushes import WeightPushes
 from periodic_rl.rollout.schedule import plan_calls
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
@@ -55,7 +53,6 @@ from periodic_rl.rollout.worker import (
     reap,
     remote_worker,
     remove_unused_shm,
-    to_payload,
 )
 
 __all__ = ["GeneratedGroup", "GroupJob", "RolloutFabric"]
@@ -65,28 +62,7 @@ log = logging.getLogger(__name__)
 _SRC_DIR = str(Path(__file__).resolve().parents[2])  # .../src, so workers import periodic_rl
 
 
-@dataclass
-class _Slot:
-    """One worker position: its cores survive restarts, its actor does not."""
-
-    index: int
-    cores: list[int] | None
-    actor: Any = None
-    incarnation: int = 0
-    in_flight: int = 0
-    restarts: int = 0
-    ready: Any = None  # ObjectRef of a restarted actor's warm_up; None when it can take work
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Call:
-    slot: int
-    incarnation: int
-    jobs: list[GroupJob]
-
-
-class RolloutFabric:
+class RolloutFabric(WeightPushes):
     """A set of :class:`~periodic_rl.rollout.worker.RolloutWorker` actors behind one API.
 
     Args:
@@ -141,13 +117,13 @@ class RolloutFabric:
         self.spans = spans if spans is not None else SpanRecorder()
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self._slots = [
-            _Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
+            Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
         ]
         self.version: int | None = None  # None: the weights the engines were built from
         self.fingerprint: str | None = None
         self.restarts = 0
         self.timings: dict[str, Any] = {}
-        self._weights_ref: Any = None  # the latest push, kept only to warm up restarted workers
+        self._pushed: PushedWeights | None = None  # replayed to warm up restarted workers
         self._weights_ok = True
         self._actor_class: Any = None
         self._owns_ray = False
@@ -179,7 +155,7 @@ class RolloutFabric:
             began = time.time()
             self._actor_class = remote_worker(self.cpus_per_worker, self.gpus_per_worker)
             for slot in self._slots:
-                self._launch(slot, None, None)
+                self._launch(slot, None)
             fingerprints = [self._settle(slot, expected=None) for slot in self._slots]
         except BaseException:
             self.shutdown()
@@ -213,17 +189,17 @@ class RolloutFabric:
         env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **self.env_vars}
         return {"env_vars": env}
 
-    def _launch(self, slot: _Slot, weights_ref: Any, version: int | None) -> None:
+    def _launch(self, slot: Slot, weights: PushedWeights | None) -> None:
         """Start a new actor in ``slot``; its warm-up (weights load) runs asynchronously."""
         slot.actor = self._actor_class.options(runtime_env=self._runtime_env()).remote(
             slot.index, self.spec, slot.cores
         )
         slot.incarnation += 1
         slot.in_flight = 0
-        weights = [weights_ref] if weights_ref is not None else None
-        slot.ready = slot.actor.warm_up.remote(weights, version)
+        args = weights.warm_up_args() if weights is not None else (None, None)
+        slot.ready = slot.actor.warm_up.remote(*args)
 
-    def _settle(self, slot: _Slot, expected: str | None) -> str:
+    def _settle(self, slot: Slot, expected: str | None) -> str:
         """Wait for a starting worker; check it holds ``expected`` weights; return its
         fingerprint. A worker that dies while starting is restarted (within the limit)."""
         import ray
@@ -249,11 +225,10 @@ class RolloutFabric:
 
     def _restart(
         self,
-        slot: _Slot,
+        slot: Slot,
         incarnation: int,
         error: BaseException,
-        weights: Any = ...,
-        version: Any = ...,
+        weights: PushedWeights | None | Any = ...,
     ) -> None:
         """Replace the dead actor of ``slot`` (once per death) and bring it to ``weights``
         (default: the current ones); raises when the slot has used up its restarts."""
@@ -269,64 +244,7 @@ class RolloutFabric:
             ) from error
         log.warning("rollout worker %d died (%s); restarting it", slot.index, error)
         self._kill(slot)
-        if weights is ...:
-            weights, version = self._weights_ref, self.version
-        self._launch(slot, weights, version)
-
-    # ---- weights ----------------------------------------------------------------------------
-    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> str:
-        """Load ``state_dict`` on every worker (one ``ray.put``) and check every worker's
-        fingerprint against :func:`weights_fingerprint`; returns it. Raises ``RuntimeError``
-        naming the worker(s) on a mismatch (generation is refused until a push succeeds)."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        self._require_started()
-        for slot in self._slots:
-            self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
-        began = time.time()
-        state_dict = {name: t.detach().cpu() for name, t in state_dict.items()}  # once, if on GPU
-        # Hash here while the workers load (xxhash releases the GIL on large buffers).
-        with ThreadPoolExecutor(1, thread_name_prefix="weights-fingerprint") as pool:
-            hashing = pool.submit(weights_fingerprint, state_dict)
-            ref = ray.put(to_payload(state_dict))
-            put = time.time()
-            calls = [
-                (s, s.incarnation, s.actor.load_weights.remote([ref], version)) for s in self._slots
-            ]
-            expected = hashing.result()
-            hashed = time.time()
-        got: dict[int, str] = {}
-        for slot, incarnation, call in calls:
-            try:
-                got[slot.index] = ray.get(call)
-            except RayActorError as error:  # restart it straight onto the new weights
-                self._restart(slot, incarnation, error, ref, version)
-                got[slot.index] = self._settle(slot, expected=None)
-        del calls
-        bad = {i: fp for i, fp in got.items() if fp != expected}
-        if bad:
-            self._weights_ok = False
-            self._weights_ref = None
-            details = ", ".join(
-                f"worker {i} (pid {self._slots[i].info.get('pid')}) reported {fp}"
-                for i, fp in sorted(bad.items())
-            )
-            raise RuntimeError(
-                f"weight push of version {version} failed: expected fingerprint {expected}, "
-                f"{details}"
-            )
-        self._weights_ref = ref  # the previous push's object is released here
-        self.version, self.fingerprint, self._weights_ok = version, expected, True
-        end = time.time()
-        self.timings.update(
-            last_push_s=end - began,
-            last_push_put_s=put - began,
-            last_push_hash_done_s=hashed - began,  # the hash overlaps the put and the loads
-            last_push_load_s=end - put,
-        )
-        self.spans.add("weight push", "weights", began, end, version=version)
-        return expected
+        self._launch(slot, self._pushed if weights is ... else weights)
 
     # ---- generation -------------------------------------------------------------------------
     def generate(
@@ -366,7 +284,7 @@ class RolloutFabric:
 
         expected_indices = {job.index for call in calls for job in call}
         pending = deque(calls)
-        in_flight: dict[Any, _Call] = {}
+        in_flight: dict[Any, Call] = {}
         yielded: set[int] = set()
         try:
             while pending or in_flight:
@@ -412,7 +330,7 @@ class RolloutFabric:
     def _dispatch(
         self,
         pending: deque[list[GroupJob]],
-        in_flight: dict[Any, _Call],
+        in_flight: dict[Any, Call],
         sampling: SamplingConfig,
         version: int,
     ) -> None:
@@ -430,7 +348,7 @@ class RolloutFabric:
             slot = min(free, key=lambda s: (s.in_flight, s.index))
             chunk = pending.popleft()
             ref = slot.actor.generate.remote(chunk, sampling, version)
-            in_flight[ref] = _Call(slot.index, slot.incarnation, chunk)
+            in_flight[ref] = Call(slot.index, slot.incarnation, chunk)
             slot.in_flight += 1
 
     def _record(self, groups: list[GeneratedGroup]) -> None:
@@ -451,8 +369,7 @@ class RolloutFabric:
         """What each worker reported at its last start or restart (waits for restarting
         workers to be ready)."""
         if self._started and not self._closed:
-            for slot in self._slots:
-                self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
+            self._settle_all()
         return [dict(slot.info) for slot in self._slots]
 
     def _require_started(self) -> None:
@@ -482,7 +399,7 @@ class RolloutFabric:
             leftovers = [p for r in reports for p in r.get("descendants", [])]
             reap(leftovers, timeout_s / 2)
             remove_unused_shm({f for r in reports for f in r.get("shm_files", [])})
-            self._weights_ref = None
+            self._pushed = None
         finally:
             if self._owns_ray:
                 import ray
@@ -490,7 +407,7 @@ class RolloutFabric:
                 ray.shutdown()
                 self._owns_ray = False
 
-    def _kill(self, slot: _Slot) -> None:
+    def _kill(self, slot: Slot) -> None:
         """Kill the slot's actor and any child processes it had (vLLM's engine process)."""
         import ray
 

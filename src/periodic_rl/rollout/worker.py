@@ -312,6 +312,9 @@ class RolloutWorker:
         self.engine: InferenceEngine | None = spec.build()
         self.version: int | None = None  # None: the weights the engine was built from
         self._fingerprint = self.engine.fingerprint()
+        from periodic_rl.rollout.adapter import AdapterLoader  # imports torch: after pinning
+
+        self._adapter = AdapterLoader()
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
 
@@ -332,10 +335,19 @@ class RolloutWorker:
             "last_load_s": self.last_load_s,
         }
 
-    def warm_up(self, weights: list[Any] | None, version: int | None) -> dict[str, Any]:
-        """Bring a (re)started worker to the fabric's current weights, then report :meth:`info`."""
+    def warm_up(
+        self,
+        weights: list[Any] | None,
+        version: int | None,
+        keep: list[str] | None = None,
+        adapter: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        """Bring a (re)started worker to the fabric's current weights (the last full push,
+        then the last adapter push on it, if any), then report :meth:`info`."""
         if weights is not None and version is not None:
-            self.load_weights(weights, version)
+            self.load_weights(weights, version, keep)
+            if adapter is not None:
+                self.load_adapter(adapter, version)
         return self.info()
 
     def generate(
@@ -371,33 +383,44 @@ class RolloutWorker:
             for job, completions in zip(jobs, outputs, strict=True)
         ]
 
-    def load_weights(self, weights: Any, version: int) -> str:
+    def load_weights(self, weights: Any, version: int, keep: list[str] | None = None) -> str:
         """Load new weights; returns the fingerprint the engine computed of what it received.
 
         ``weights`` is ``[ref]``, a one-element list holding the Ray object reference of a
         :func:`to_payload` dict (wrapped so that Ray hands over the reference rather than the
         value; the worker fetches it from the shared object store itself), or the payload dict.
+        ``keep``: the LoRA-adapted names, whose base weights this worker keeps for later
+        :meth:`load_adapter` calls (:class:`~periodic_rl.rollout.adapter.AdapterLoader`).
         """
         engine = self._engine()
         started = time.time()
-        if isinstance(weights, list):
-            import ray
-
-            (payload,) = ray.get(weights)
-        else:
-            payload = weights
-        state_dict = from_payload(payload)
-        del payload
+        state_dict = from_payload(_fetch(weights))
         fingerprint = engine.load_weights(state_dict)
+        self._adapter.keep_base(engine, state_dict, keep, fingerprint)
         del state_dict  # drop the shared-memory views: they pin the object
         self._fingerprint = fingerprint
         self.version = version
         self.last_load_s = time.time() - started
         return fingerprint
 
+    def load_adapter(self, adapter: Any, version: int) -> str:
+        """Merge a LoRA adapter payload (:mod:`periodic_rl.lora_push`; passed like ``weights``
+        of :meth:`load_weights`) into the kept base weights and load the merged ones; returns
+        the :func:`~periodic_rl.rollout.fingerprint.adapter_fingerprint` it computed."""
+        engine = self._engine()
+        started = time.time()
+        payload = from_payload(_fetch(adapter))
+        fingerprint = self._adapter.load(engine, payload)
+        del payload
+        self._fingerprint = fingerprint
+        self.version = version
+        self.last_load_s = time.time() - started
+        return fingerprint
+
     def fingerprint(self) -> str:
-        """Fingerprint of the weights the engine holds."""
-        return self._engine().fingerprint()
+        """Fingerprint of the weights the engine holds (the one stamped on generated groups)."""
+        self._engine()
+        return self._fingerprint
 
     def pid(self) -> int:
         return os.getpid()
@@ -419,6 +442,16 @@ class RolloutWorker:
         if self.engine is None:
             raise RuntimeError(f"worker {self.worker_id} has been shut down")
         return self.engine
+
+
+def _fetch(weights: Any) -> Any:
+    """The payload of ``[ref]`` (from the object store) or the payload itself."""
+    if isinstance(weights, list):
+        import ray
+
+        (payload,) = ray.get(weights)
+        return payload
+    return weights
 
 
 def _torch_threads() -> int | None:

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
 from periodic_rl.checkpoint import AtomicCheckpointIO
+from periodic_rl.lora_push import adapted_names
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.timing import SpanRecorder
@@ -44,7 +45,12 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         trainer_cores: CPU cores to pin the trainer to (with ``worker_cores``, the two sides do
             not fight over cores).
         groups_per_call: prompt groups handed to a worker per call (batching vs streaming).
+            Overlapped, each worker's first call and the iteration's last calls carry one
+            micro-batch's groups, so training starts and ends sooner (docs/overlap.md).
         device: the training device.
+        adapter_pushes: with LoRA, push the base weights once and then only the adapter
+            factors, which the workers merge themselves (:mod:`periodic_rl.lora_push`);
+            ``False`` pushes the full merged weights every iteration.
     """
 
     strategy_name = "periodic_async"
@@ -63,6 +69,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         trainer_cores: list[int] | None = None,
         groups_per_call: int = 2,
         device: str = "cpu",
+        adapter_pushes: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
@@ -89,10 +96,13 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         self.worker_cores = worker_cores
         self.trainer_cores = trainer_cores
         self.groups_per_call = groups_per_call
+        self.adapter_pushes = adapter_pushes
         self.rollouts: Any = None
         self.policy_version = 0
         self.weights_fingerprint = ""
         self.spans = SpanRecorder()
+        self.push_counts = {"full": 0, "base+adapter": 0, "adapter": 0}
+        self._base_on: tuple[Any, list[str]] | None = None  # (rollouts, kept names) of the base
 
     # ---- lifecycle --------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
@@ -151,12 +161,34 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
             self.push_weights()
 
     def push_weights(self) -> str:
-        """Send the policy's current weights to every worker and record their fingerprint."""
+        """Send the policy's current weights to every worker and record their fingerprint.
+
+        With a LoRA adapter the rollouts can merge (``adapter_pushes``), the base goes once to
+        each set of rollouts and every push after it carries only the adapter; the fingerprint
+        is then the one of base and adapter together (``adapter_fingerprint``).
+        """
         start = time.time()
-        state = self.lightning_module.rollout_state_dict()
-        self.weights_fingerprint = self.rollouts.push_weights(state, self.policy_version)
-        self.spans.add("weight push", "trainer", start, time.time())
-        return self.weights_fingerprint
+        module, version = self.lightning_module, self.policy_version
+        adapter = module.rollout_adapter() if self.adapter_pushes else None
+        try:
+            if adapter is None:
+                kind, self._base_on = "full", None
+                fingerprint = self.rollouts.push_weights(module.rollout_state_dict(), version)
+            else:
+                kind, keep = "adapter", adapted_names(adapter)
+                if self._base_on is None or self._base_on != (self.rollouts, keep):
+                    kind, self._base_on = "base+adapter", None
+                    base = module.rollout_base_state_dict()
+                    self.rollouts.push_weights(base, version, keep=keep)
+                    self._base_on = (self.rollouts, keep)
+                fingerprint = self.rollouts.push_adapter(adapter, version)
+        except BaseException:
+            self._base_on = None  # the rollouts' state is unknown: start again from the base
+            raise
+        self.weights_fingerprint = fingerprint
+        self.push_counts[kind] += 1
+        self.spans.add("weight push", "trainer", start, time.time(), kind=kind)
+        return fingerprint
 
     # ---- rollouts -----------------------------------------------------------------------------
     def generate_groups(

@@ -1,0 +1,51 @@
+"""The bookkeeping records of :class:`~periodic_rl.rollout.fabric.RolloutFabric`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from periodic_rl.rollout.types import GroupJob
+
+
+@dataclass
+class Slot:
+    """One worker position: its cores survive restarts, its actor does not."""
+
+    index: int
+    cores: list[int] | None
+    actor: Any = None
+    incarnation: int = 0
+    in_flight: int = 0
+    restarts: int = 0
+    ready: Any = None  # ObjectRef of a restarted actor's warm_up; None when it can take work
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Call:
+    """One ``generate`` call in flight: which slot (and which of its actors) runs which jobs."""
+
+    slot: int
+    incarnation: int
+    jobs: list[GroupJob]
+
+
+@dataclass(frozen=True)
+class PushedWeights:
+    """What a (re)started worker must load to hold the fabric's current weights: the last full
+    push (and the names it kept for adapter pushes), then the last adapter push on top of it.
+
+    The object references keep both pushes in Ray's object store until they are replaced.
+    """
+
+    base: Any  # ObjectRef of the last full push's payload
+    version: int
+    base_fingerprint: str
+    keep: list[str] | None = None  # names kept for adapter pushes; None: no adapter pushes
+    adapter: Any = None  # ObjectRef of the last adapter push on this base, or None
+
+    def warm_up_args(self) -> tuple[Any, ...]:
+        """The arguments of ``RolloutWorker.warm_up`` that replay these pushes."""
+        adapter = [self.adapter] if self.adapter is not None else None
+        return [self.base], self.version, self.keep, adapter
