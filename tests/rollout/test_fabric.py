@@ -245,7 +245,10 @@ def test_worker_killed_mid_iteration_loses_and_repeats_nothing(fabric2):
 
 DRIVER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    # A driver started in the background of a non-interactive shell (nohup, CI runners) inherits
+    # SIGINT as ignored; an interactive user's driver has Python's handler. Restore it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from periodic_rl.rollout.fabric import RolloutFabric
     from periodic_rl.rollout.spec import EngineSpec
     from periodic_rl.rollout.types import GroupJob, SamplingConfig
