@@ -357,3 +357,22 @@ def run_child(
     result["load_at_start"] = load
     result["load_at_end"] = load_average()
     return result
+
+
+def bare_trainer(strategy: Any, max_steps: int, callbacks: list[Any], **kwargs: Any) -> Any:
+    """A Lightning ``Trainer`` that does nothing a benchmark does not measure: no logger,
+    checkpoints, progress bar, model summary or validation. ``kwargs`` go to the Trainer."""
+    import lightning as L
+
+    return L.Trainer(
+        strategy=strategy,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        **kwargs,
+    )

@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402 - the benchmarks folder is not a package
     RESULTS_DIR,
+    bare_trainer,
     load_average,
     machine_info,
     markdown_table,
@@ -453,17 +454,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
         )
         plan = config["schedule"]
         switch = ModeSwitch(plan)
-        trainer = L.Trainer(
-            strategy=strategy,
-            max_steps=len(plan),
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            callbacks=[switch],
-        )
+        trainer = bare_trainer(strategy, len(plan), [switch])
         datamodule = PromptDataModule(
             str(data), batch_size=config["batch_size"], num_val=0, seed=config["seed"]
         )

@@ -19,6 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from common import bare_trainer  # the benchmarks folder is on sys.path: vs_trl.py's
+
 CONFIGS = {
     "a": "TRL GRPOTrainer, transformers generate",
     "b": "TRL GRPOTrainer, vLLM colocate",
@@ -307,18 +309,8 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         device="cuda:0" if cuda else "cpu",
     )
     clock = Clock()
-    trainer = L.Trainer(
-        strategy=strategy,
-        precision="bf16-mixed" if config["precision"] == "bf16-mixed" else "32-true",
-        max_steps=config["steps"],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[clock],
-    )
+    precision = "bf16-mixed" if config["precision"] == "bf16-mixed" else "32-true"
+    trainer = bare_trainer(strategy, config["steps"], [clock], precision=precision)
     datamodule = PromptDataModule(
         "builtin:arithmetic",
         batch_size=config["prompts_per_step"],
