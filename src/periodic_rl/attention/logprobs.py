@@ -140,6 +140,7 @@ def completion_logprobs(
     shared_prompt: bool = ...,
     backend: str = ...,
     pad_token_id: int = ...,
+    temperature: float = ...,
     return_entropy: Literal[False] = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -152,6 +153,7 @@ def completion_logprobs(
     shared_prompt: bool = ...,
     backend: str = ...,
     pad_token_id: int = ...,
+    temperature: float = ...,
     return_entropy: Literal[True],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
@@ -163,6 +165,7 @@ def completion_logprobs(
     shared_prompt: bool = True,
     backend: str = "auto",
     pad_token_id: int = 0,
+    temperature: float = 1.0,
     return_entropy: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probabilities of every completion token given its prompt and preceding tokens.
@@ -178,6 +181,9 @@ def completion_logprobs(
         backend: ``auto`` (flash / flex on CUDA, split elsewhere) or a name from
             :data:`periodic_rl.attention.BACKENDS` (``sdpa``, ``split``, ``flex``, ``flash``).
         pad_token_id: filler of the padded path (masked out, so its value does not matter).
+        temperature: the log-probs (and entropy) are those of ``softmax(logits / temperature)``,
+            the distribution the rollouts were sampled from; the policy gradient, the ratio and
+            the KL then refer to that distribution (as in TRL, verl and OpenRLHF).
         return_entropy: also return the (detached) per-token entropy of the predictive
             distribution, ``[N, T]``, computed in the same pass over the projected logits.
 
@@ -191,6 +197,8 @@ def completion_logprobs(
         RuntimeError: gradient checkpointing without an enclosing
             ``shared_prompt_attention(model)`` block (backward would recompute plain attention).
     """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     device, dtype = _model_device_dtype(model)
     if shared_prompt:
         chosen = select_backend(backend, device, dtype, needs_backward=_needs_backward(model))
@@ -219,6 +227,8 @@ def completion_logprobs(
             logits = _forward(model, batch)
         check_layout_consumed(model, batch.layout)
 
+    if temperature != 1.0:
+        logits = logits / temperature
     logps, entropy = token_logprobs(logits, batch, return_entropy=return_entropy)
     if return_entropy:
         return logps, batch.mask, entropy
