@@ -48,7 +48,9 @@ class RLModule(L.LightningModule):
             "target_modules": "all-linear"}``), or None for full fine-tuning.
         num_generations: samples per prompt (the group size G), at least 2.
         max_new_tokens: completion length cap.
-        temperature, top_p: sampling settings of the rollouts.
+        temperature, top_p: sampling settings of the rollouts. Training log-probs (ratio, KL,
+            entropy) are those of ``softmax(logits / temperature)``, the distribution the
+            rollouts were sampled from. ``top_p`` truncation is not applied in training.
         learning_rate, weight_decay: AdamW settings.
         micro_batch_size: completions per forward/backward; a multiple of ``num_generations``
             so a group never spans two micro-batches. Default: one group, so that overlapped
@@ -286,6 +288,7 @@ class RLModule(L.LightningModule):
             shared_prompt=h.shared_prompt,
             backend=h.attention_backend,
             pad_token_id=self.tokenizer.pad_token_id,
+            temperature=h.temperature,  # train on the distribution the rollouts sampled from
         )
         advantages, _ = micro_batch_tensors(groups, self.device)
         with ExitStack() as stack:
