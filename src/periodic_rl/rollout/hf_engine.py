@@ -65,6 +65,8 @@ class SeededSampler(LogitsProcessor):
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         self.temperature = temperature
         self.top_p = top_p
+        # log-prob of each drawn token under the distribution it was drawn from, per row
+        self.logprobs: list[list[float]] = [[] for _ in seeds]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
         logits = top_p_filter(scores.float() / self.temperature, self.top_p)
@@ -75,6 +77,9 @@ class SeededSampler(LogitsProcessor):
                 for row, gen in enumerate(self.generators)
             ]
         ).to(scores.device)
+        picked = logits.log_softmax(dim=-1).gather(1, drawn)[:, 0].tolist()
+        for row, value in enumerate(picked):
+            self.logprobs[row].append(value)
         one_hot = torch.full_like(scores, float("-inf"))
         return one_hot.scatter_(1, drawn, 0.0)
 
@@ -111,26 +116,38 @@ class HFEngine(InferenceEngine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[list[list[int]]]:
         """``request.n`` completions per request; see the module docstring on seeding."""
+        return [self._generate_group(request, sampling)[0] for request in requests]
+
+    def generate_with_logprobs(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig
+    ) -> list[tuple[list[list[int]], list[list[float]]]]:
+        """Like :meth:`generate`, plus the log-prob of every sampled token under the
+        distribution it was drawn from (``softmax(logits / temperature)`` after ``top_p``).
+        Needs ``temperature > 0`` (greedy decoding samples nothing)."""
+        if not sampling.temperature > 0:
+            raise ValueError("sampling log-probs need temperature > 0 (greedy samples nothing)")
         return [self._generate_group(request, sampling) for request in requests]
 
     @torch.no_grad()
     def _generate_group(
         self, request: GenerationRequest, sampling: SamplingConfig
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[list[float]]]:
         if request.n <= 0:
-            return []
+            return [], []
         if not request.prompt_ids:
             raise ValueError("a prompt needs at least one token")
         if sampling.max_new_tokens <= 0:
-            return [[] for _ in range(request.n)]
+            return [[] for _ in range(request.n)], [[] for _ in range(request.n)]
         from transformers import GenerationConfig, LogitsProcessorList
 
         prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         input_ids = prompt.expand(request.n, -1)
         processors = LogitsProcessorList()
+        sampler = None
         if sampling.temperature > 0:
             seeds = [sample_seed(request.seed, i) for i in range(request.n)]
-            processors.append(SeededSampler(seeds, sampling.temperature, sampling.top_p))
+            sampler = SeededSampler(seeds, sampling.temperature, sampling.top_p)
+            processors.append(sampler)
         # Every knob that could reshape the distribution is set explicitly: unset (None) fields
         # would be filled from the model's generation_config.json and change what is sampled.
         config = GenerationConfig(
@@ -150,8 +167,12 @@ class HFEngine(InferenceEngine):
             generation_config=config,
             logits_processor=processors,
         )
-        completions = sequences[:, prompt.shape[1] :].tolist()
-        return [self._cut_at_eos(tokens) for tokens in completions]
+        completions = [self._cut_at_eos(t) for t in sequences[:, prompt.shape[1] :].tolist()]
+        if sampler is None:
+            return completions, [[] for _ in completions]
+        return completions, [
+            row[: len(c)] for row, c in zip(sampler.logprobs, completions, strict=True)
+        ]
 
     def _cut_at_eos(self, tokens: list[int]) -> list[int]:
         """Drop the padding after the first EOS, keeping the EOS itself."""
