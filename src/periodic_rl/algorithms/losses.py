@@ -2,8 +2,7 @@
 
 An iteration's completions reach the trainer in micro-batches, in completion order, while other
 groups are still being generated, so the loss normaliser of the whole iteration (its number of
-sequences or tokens) is unknown while gradients are already accumulating. The way out
-(DESIGN.md, "Streaming-exact loss normalisation"): every micro-batch backpropagates an
+sequences or tokens) is unknown while gradients are already accumulating. The way out: every micro-batch backpropagates an
 *unnormalised sum*, :func:`loss_numerator`; once the iteration's last micro-batch is in, the
 accumulated gradients are divided once by :func:`loss_denominator`. Gradient accumulation is a
 sum, so the result equals the one-shot loss of :func:`reference_loss` on the whole iteration, for

@@ -1,4 +1,9 @@
-"""The small interface the core knows an inference engine by (DESIGN.md, "Engines")."""
+"""The small interface the core knows an inference engine by.
+
+Start from weights, generate a prompt group with a seed, take new weights and report their
+fingerprint, shut down: transformers ``generate`` and vLLM are two implementations, a user's
+own engine is a third.
+"""
 
 from __future__ import annotations
 

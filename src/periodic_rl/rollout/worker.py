@@ -4,7 +4,7 @@ The class is plain Python; :func:`remote_worker` turns it into a Ray actor class
 resources at the moment a fabric starts (nothing here touches Ray at import). The module imports
 neither torch nor vLLM at the top: a worker must pin its CPU cores and set its thread and vLLM
 environment variables *before* those libraries start their thread pools (an unpinned worker and
-trainer on the same cores both ran 2-3x slower, ENVIRONMENT.md).
+trainer on the same cores both ran 2-3x slower; docs/troubleshooting.md, "Cores and memory").
 
 Weights arrive as one Ray object holding a dict of numpy arrays (see :func:`to_payload`):
 ``ray.put`` of numpy views is ~6x faster than of torch tensors, and every worker on a node reads
@@ -41,7 +41,7 @@ __all__ = [
     "to_payload",
 ]
 
-# Default vLLM CPU settings (ENVIRONMENT.md): don't keep a core idle, let collective_rpc carry
+# Default vLLM CPU settings (docs/troubleshooting.md): don't keep a core idle, let collective_rpc carry
 # importable functions. Set only when absent, so a user's own values win.
 VLLM_ENV_DEFAULTS = {
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
