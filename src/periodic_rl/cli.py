@@ -24,12 +24,16 @@ class PeriodicRLCLI(LightningCLI):
         )
 
 
-def main(args: list[str] | None = None) -> PeriodicRLCLI:
-    """Run the CLI. Subclasses of RLModule / PromptDataModule are accepted by class_path."""
+def main(args: list[str] | None = None) -> None:
+    """Run the CLI. Subclasses of RLModule / PromptDataModule are accepted by class_path.
+
+    Returns None: the ``periodic-rl`` console script hands the return value to ``sys.exit``,
+    which treats anything but None or an int as a failure (exit status 1).
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # One optimizer step per training_step: the post-step state is the state to checkpoint.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-    return PeriodicRLCLI(
+    PeriodicRLCLI(
         RLModule,
         PromptDataModule,
         subclass_mode_model=True,
