@@ -62,10 +62,18 @@ def check_rewards(name: str, values: Any, expected: int) -> list[float]:
 class RewardModel:
     """A frozen sequence-classification model used as a reward: the score of prompt+completion.
 
-    Loaded once from a local path (or hub id); runs without gradients on the trainer's device.
+    Loaded once from a local path (or hub id), frozen and in eval mode; runs without gradients on
+    ``device``. The trainer passes its training device (``device=...`` or :meth:`to`); without
+    one it stays on the CPU. Inputs follow the model wherever it is moved.
     """
 
-    def __init__(self, path: str, dtype: torch.dtype = torch.float32, batch_size: int = 8):
+    def __init__(
+        self,
+        path: str,
+        dtype: torch.dtype = torch.float32,
+        batch_size: int = 8,
+        device: str | torch.device | None = None,
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.__name__ = "reward_model"
@@ -76,6 +84,18 @@ class RewardModel:
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.eval().requires_grad_(False)
         self.batch_size = batch_size
+        if device is not None:
+            self.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model (and so each scoring batch) is."""
+        return next(self.model.parameters()).device
+
+    def to(self, device: str | torch.device) -> RewardModel:
+        """Move the model to ``device`` (e.g. the trainer's); it stays frozen and in eval mode."""
+        self.model.to(torch.device(device))
+        return self
 
     @torch.no_grad()
     def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float]:
@@ -84,7 +104,7 @@ class RewardModel:
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(
                 texts[start : start + self.batch_size], return_tensors="pt", padding=True
-            )
+            ).to(self.device)
             logits = self.model(**batch).logits
             scores.extend(logits[:, 0].float().tolist())
         return scores

@@ -20,7 +20,9 @@ def test_jsonl_file_with_chat_messages_and_extra_columns(tmp_path):
         {"question": [{"role": "user", "content": f"q{i}"}], "solution": str(i)} for i in range(6)
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    dm = PromptDataModule(source=str(path), batch_size=3, prompt_column="question", shuffle=False)
+    dm = PromptDataModule(
+        source=str(path), batch_size=3, prompt_column="question", shuffle=False, val_fraction=0
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch[0]["prompt"] == [{"role": "user", "content": "q0"}]

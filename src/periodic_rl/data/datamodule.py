@@ -18,13 +18,21 @@ class PromptDataModule(L.LightningDataModule):
             hub id. Rows need a prompt column (a string, or chat messages); every other column
             is handed to the reward functions as a keyword list.
         batch_size: prompts per iteration; each becomes a group of ``num_generations`` samples.
-        val_source: held-out prompts, when not the ``val_split`` of ``source``.
+        val_source: held-out prompts from another file or hub dataset. Never the training rows:
+            the same file as ``source`` (or the same hub split) is refused, and its rows whose
+            prompt is also a training prompt are left out.
         split: split of ``source`` to train on.
-        val_split: split of ``source`` (or ``val_source``) held out for evaluation.
+        val_split: split held out for evaluation: of ``val_source`` when given, else of a hub
+            ``source`` that has it (and it is not ``split``). A single file has no splits.
         num_train: rows generated for a built-in task.
-        num_val: held-out rows used at most.
+        num_val: held-out rows used at most (``0``: no held-out evaluation).
+        val_fraction: with no ``val_source`` and no usable ``val_split`` (always the case for a
+            single ``.jsonl``/``.json``/``.parquet`` file), this fraction of the distinct
+            prompts, at most ``num_val``, is carved out of ``source`` (seeded by ``seed``,
+            deterministic) and removed from training. ``0``: no held-out set. The log says
+            which rule was used and how many rows.
         prompt_column: the column holding the prompt.
-        seed: seeds the built-in task and the shuffling order.
+        seed: seeds the built-in task, the held-out carve and the shuffling order.
         shuffle: shuffle training prompts (seeded) every epoch.
     """
 
@@ -37,6 +45,7 @@ class PromptDataModule(L.LightningDataModule):
         val_split: str = "test",
         num_train: int = 4096,
         num_val: int = 64,
+        val_fraction: float = 0.1,
         prompt_column: str = "prompt",
         seed: int = 0,
         shuffle: bool = True,
@@ -44,6 +53,8 @@ class PromptDataModule(L.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (prompts per iteration), got {batch_size}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.save_hyperparameters()
         self._source: PromptSource | None = None
 
@@ -58,6 +69,7 @@ class PromptDataModule(L.LightningDataModule):
                 val_split=h.val_split,
                 num_train=h.num_train,
                 num_val=h.num_val,
+                val_fraction=h.val_fraction,
                 seed=h.seed,
                 prompt_column=h.prompt_column,
             )

@@ -1,14 +1,36 @@
-"""Loading prompt rows from a built-in task, a JSONL/Parquet file, or a `datasets` hub id."""
+"""Loading prompt rows from a built-in task, a JSONL/Parquet file, or a `datasets` hub id.
+
+The held-out rows never overlap the training rows. They come from, in this order:
+
+1. ``val_source``, when given;
+2. the ``val_split`` of a hub dataset (or dataset directory), when it has that split and it is
+   not the training ``split``;
+3. otherwise a seeded fraction carved out of the training rows (``val_fraction``, at most
+   ``num_val`` prompts); the carved rows are removed from training. A single file has no
+   splits, so a ``.jsonl``/``.json``/``.parquet`` ``source`` is always carved.
+
+Rows are compared by prompt: every row whose prompt is held out leaves training (duplicated
+prompts go together), and rows of a ``val_source`` or ``val_split`` whose prompt is also a
+training prompt are dropped from the held-out set. Which rule was used, and how many rows, is
+logged once (rank zero).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
 from periodic_rl.data import arithmetic
 
 RewardFunc = Any  # a callable (prompts, completions, **columns) -> list[float]
+
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 @dataclass
@@ -30,21 +52,134 @@ def load_source(
     val_split: str = "test",
     num_train: int = 4096,
     num_val: int = 64,
+    val_fraction: float = 0.1,
     seed: int = 0,
     prompt_column: str = "prompt",
 ) -> PromptSource:
-    """Resolve ``source`` into rows; every row gets its prompt under the key ``"prompt"``."""
+    """Resolve ``source`` into rows; every row gets its prompt under the key ``"prompt"``.
+
+    See the module docstring for where the held-out rows come from. ``val_fraction`` is only
+    used when carving (``0``: no held-out set); ``num_val`` caps the held-out rows in every case
+    (``0``: no held-out set).
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if source.startswith("builtin:"):
         return _builtin(source.removeprefix("builtin:"), num_train, num_val, seed)
     train = _rows(source, split, prompt_column)
     if val_source is not None:
+        _check_not_same(source, split, val_source, val_split)
         val = _rows(val_source, val_split, prompt_column)
-    else:
+        what = f"val_source {val_source}"
+        what += "" if _is_file(val_source) else f" (split '{val_split}')"
+        val = _disjoint(val, train, num_val, what)
+        return PromptSource(train=train, val=val)
+    if not _is_file(source) and val_split != split:
         try:
-            val = _rows(source, val_split, prompt_column)
-        except (KeyError, ValueError):
-            val = []
-    return PromptSource(train=train, val=val[:num_val])
+            dataset = _load(source, val_split)
+        except (KeyError, ValueError):  # no such split: carve instead
+            dataset = None
+        if dataset is not None:
+            val = _to_rows(dataset, source, prompt_column)
+            val = _disjoint(val, train, num_val, f"split '{val_split}' of {source}")
+            return PromptSource(train=train, val=val)
+    name = source
+    if not _is_file(source):
+        why = "val_split is the training split" if val_split == split else f"no split '{val_split}'"
+        name = f"{source} ({why})"
+    train, val = carve(train, val_fraction=val_fraction, num_val=num_val, seed=seed, name=name)
+    return PromptSource(train=train, val=val)
+
+
+def carve(
+    rows: list[dict[str, Any]],
+    *,
+    val_fraction: float,
+    num_val: int,
+    seed: int,
+    name: str = "source",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split ``rows`` into (train, held-out) by prompt, seeded and disjoint.
+
+    ``ceil(val_fraction * prompts)`` distinct prompts, at most ``num_val``, are held out: those
+    whose hash with ``seed`` is smallest. Each held-out prompt appears once in the held-out rows
+    (its first row); every row with a held-out prompt leaves training. Both lists keep the file
+    order, so the same rows and seed always give the same split (a resumed run trains on the
+    same list).
+    """
+    first: dict[str, int] = {}
+    keys = []
+    for i, row in enumerate(rows):
+        key = prompt_key(row["prompt"])
+        keys.append(key)
+        first.setdefault(key, i)
+    want = min(num_val, math.ceil(val_fraction * len(first)))
+    if want <= 0:
+        reason = "val_fraction=0" if val_fraction == 0 else f"num_val={num_val}"
+        rank_zero_info(f"held-out: none ({reason}); {len(rows)} rows for training")
+        return list(rows), []
+    if want >= len(first):
+        raise ValueError(
+            f"{name}: {len(first)} distinct prompts; holding out {want} of them "
+            f"(val_fraction={val_fraction}) leaves none for training. Lower val_fraction "
+            "(0: no held-out set) or give a val_source"
+        )
+    ranked = sorted(first, key=lambda key: (_rank(seed, key), key))
+    held = set(ranked[:want])
+    val = [rows[i] for i in sorted(first[key] for key in held)]
+    train = [row for row, key in zip(rows, keys, strict=True) if key not in held]
+    rank_zero_info(
+        f"held-out: {len(val)} rows carved from {name} (val_fraction={val_fraction}, "
+        f"seed {seed}), {len(train)} rows left for training"
+    )
+    return train, val
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt (a string or chat messages) as a string that is equal for equal prompts."""
+    if isinstance(prompt, str):
+        return prompt
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _rank(seed: int, key: str) -> bytes:
+    return hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
+
+
+def _disjoint(
+    val: list[dict[str, Any]], train: list[dict[str, Any]], num_val: int, what: str
+) -> list[dict[str, Any]]:
+    """``val`` without the rows whose prompt is a training prompt, at most ``num_val`` rows."""
+    seen = {prompt_key(row["prompt"]) for row in train}
+    kept = [row for row in val if prompt_key(row["prompt"]) not in seen]
+    if len(kept) < len(val):
+        rank_zero_warn(
+            f"held-out: {len(val) - len(kept)} of {len(val)} rows of {what} have a prompt that "
+            "is also a training prompt; they are left out of the held-out set"
+        )
+    kept = kept[: max(num_val, 0)]
+    rank_zero_info(f"held-out: {len(kept)} rows from {what}; {len(train)} rows for training")
+    return kept
+
+
+def _is_file(source: str) -> bool:
+    return Path(source).suffix in _FILE_SUFFIXES
+
+
+def _check_not_same(source: str, split: str, val_source: str, val_split: str) -> None:
+    """Refuse a ``val_source`` that would hand back the training rows."""
+    if _is_file(source) and _is_file(val_source):
+        if Path(source).resolve() == Path(val_source).resolve():
+            raise ValueError(
+                f"val_source {val_source} is the training file itself; a single file has no "
+                "splits (val_split does not select rows of it). Leave val_source unset to carve "
+                "a held-out fraction out of it (val_fraction), or give a separate file"
+            )
+    elif source == val_source and split == val_split:
+        raise ValueError(
+            f"val_source {val_source} with val_split '{val_split}' is the training split "
+            f"itself; set val_split to another split of it, or leave val_source unset"
+        )
 
 
 def _builtin(name: str, num_train: int, num_val: int, seed: int) -> PromptSource:
@@ -59,17 +194,18 @@ def _builtin(name: str, num_train: int, num_val: int, seed: int) -> PromptSource
     )
 
 
-def _rows(source: str, split: str, prompt_column: str) -> list[dict[str, Any]]:
+def _load(source: str, split: str) -> Any:
     import datasets
 
-    path = Path(source)
-    if path.suffix in (".jsonl", ".json", ".parquet"):
-        if not path.exists():
+    if _is_file(source):
+        if not Path(source).exists():
             raise FileNotFoundError(f"prompt file {source} does not exist")
-        builder = "parquet" if path.suffix == ".parquet" else "json"
-        dataset = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
-    else:
-        dataset = datasets.load_dataset(source, split=split)
+        builder = "parquet" if source.endswith(".parquet") else "json"
+        return datasets.load_dataset(builder, data_files={split: source}, split=split)
+    return datasets.load_dataset(source, split=split)
+
+
+def _to_rows(dataset: Any, source: str, prompt_column: str) -> list[dict[str, Any]]:
     if prompt_column not in dataset.column_names:
         raise ValueError(
             f"{source}: no '{prompt_column}' column (columns: {dataset.column_names}); "
@@ -81,3 +217,7 @@ def _rows(source: str, split: str, prompt_column: str) -> list[dict[str, Any]]:
         row["prompt"] = row.pop(prompt_column)
         rows.append(row)
     return rows
+
+
+def _rows(source: str, split: str, prompt_column: str) -> list[dict[str, Any]]:
+    return _to_rows(_load(source, split), source, prompt_column)
