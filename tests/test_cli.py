@@ -9,10 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from periodic_rl.cli import main
 
-EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
+REPO = Path(__file__).parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+# Every example's strategy, made cheap: the in-process transformers engine, no Ray, no pinning
+# (trainer_cores would pin the test process itself).
+HF_STRATEGY = [
+    *("--trainer.strategy.init_args.engine", "hf"),
+    *("--trainer.strategy.init_args.engine_kwargs", "null"),
+    *("--trainer.strategy.init_args.use_ray", "false"),
+    *("--trainer.strategy.init_args.overlap", "false"),
+    *("--trainer.strategy.init_args.worker_cores", "null"),
+    *("--trainer.strategy.init_args.trainer_cores", "null"),
+]
 
 # A 2-iteration run of a tiny model with the in-process transformers engine: the fastest real fit.
 TINY_RUN = """
@@ -87,3 +100,77 @@ def test_bad_value_in_config_is_refused(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code != 0
+
+
+@pytest.fixture(autouse=True)
+def _no_pytest_argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["periodic-rl"])  # LightningCLI warns about pytest's
+
+
+@pytest.fixture
+def in_run_dir(tmp_path, monkeypatch):
+    """Run from a fresh folder that sees the repository's ``examples/`` (the examples use
+    relative paths: ``runs/...`` for their output, ``examples/data/...`` for their data)."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # math_rewards (PYTHONPATH=examples)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model(tmp_path_factory, tiny_llama_path):
+    """A random tiny sequence classifier (one label) with the tiny model's tokenizer."""
+    from conftest import tiny_llama_config
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-reward")
+    config = tiny_llama_config(num_labels=1, tie_word_embeddings=False)
+    LlamaForSequenceClassification(config).save_pretrained(path, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tiny_llama_path).save_pretrained(path)
+    return str(path)
+
+
+def test_minimal_yaml_trains(in_run_dir, tiny_llama_path, capsys):
+    """Only the model, the data and the length of the run in the YAML: every other value is a
+    default (micro_batch_size None included; the strategy is the CLI's default one). The
+    command line only makes it cheap: the transformers engine, small groups, short answers."""
+    config = in_run_dir / "minimal.yaml"
+    config.write_text(
+        f"trainer:\n  max_steps: 2\n"
+        f"model:\n  init_args:\n    model: {tiny_llama_path}\n"
+        "data:\n  init_args:\n    source: builtin:arithmetic\n"
+    )
+    args = ["fit", "--config", str(config), *HF_STRATEGY]
+    args += ["--model.init_args.num_generations", "2", "--model.init_args.max_new_tokens", "4"]
+    args += ["--data.init_args.batch_size", "2", "--data.init_args.num_val", "2"]
+    main(args)
+    assert "held-out (end, iteration 2)" in capsys.readouterr().out
+    assert (in_run_dir / "lightning_logs" / "version_0" / "config.yaml").exists()
+
+
+def test_strategy_name_is_registered_by_the_cli_alone():
+    """``trainer.strategy: periodic_async`` in a fresh process that imports only the CLI."""
+    code = (
+        "import periodic_rl.cli\n"
+        "from lightning.pytorch.strategies import StrategyRegistry\n"
+        "assert 'periodic_async' in StrategyRegistry, sorted(StrategyRegistry)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.name)
+def test_example_trains_briefly(config, in_run_dir, tiny_llama_path, tiny_reward_model, capsys):
+    """Each example, as written, except: a tiny model, the transformers engine, 2 iterations
+    of 2 prompts x 2 samples of 4 tokens, and 2 held-out prompts. Its callbacks stay."""
+    args = ["fit", "--config", str(REPO / "examples" / config.name), *HF_STRATEGY]
+    args += ["--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false"]
+    args += ["--model.init_args.model", tiny_llama_path]
+    args += ["--model.init_args.num_generations", "2", "--model.init_args.max_new_tokens", "4"]
+    args += ["--data.init_args.batch_size", "2", "--data.init_args.num_val", "2"]
+    if config.name == "reward_model.yaml":
+        args += ["--model.init_args.reward_model", tiny_reward_model]
+    main(args)
+    out = capsys.readouterr().out
+    assert "held-out (end, iteration 2)" in out

@@ -5,19 +5,28 @@ from __future__ import annotations
 import os
 import warnings
 
+from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningCLI
 
 from periodic_rl.data import PromptDataModule
 from periodic_rl.module import RLModule
 
+# Importing the strategy registers its name, so ``trainer.strategy: periodic_async`` works too.
+from periodic_rl.strategies.periodic_async import PeriodicAsyncStrategy
+
 
 class PeriodicRLCLI(LightningCLI):
-    """LightningCLI with periodic_rl's defaults: the periodic-async strategy, no sanity check."""
+    """LightningCLI with periodic_rl's defaults: the periodic-async strategy, no sanity check.
+
+    The default strategy is a ``PeriodicAsyncStrategy`` (``class_path`` and ``init_args``), so
+    ``--print_config`` lists its options and ``--trainer.strategy.init_args.engine hf`` (or the
+    same key in YAML) changes one of them without restating the class.
+    """
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         parser.set_defaults(
             {
-                "trainer.strategy": "periodic_async",
+                "trainer.strategy": lazy_instance(PeriodicAsyncStrategy),
                 "trainer.num_sanity_val_steps": 0,
                 "trainer.limit_val_batches": 0,
             }

@@ -106,8 +106,6 @@ class RLModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if micro_batch_size is None:
-            micro_batch_size = num_generations  # recorded in hparams as the resolved value
         _validate_config(locals())
         self.save_hyperparameters(ignore=["reward_funcs"])
         self.automatic_optimization = False
@@ -214,6 +212,16 @@ class RLModule(L.LightningModule):
         return list(ids)
 
     @property
+    def micro_batch_size(self) -> int:
+        """Completions per forward/backward: ``micro_batch_size``, or one group when None.
+
+        Resolved here, where it is used, not in ``__init__``: LightningCLI stores the arguments
+        it parsed (None) as the hyperparameters, whatever ``__init__`` does with them.
+        """
+        h = self.hparams
+        return h.micro_batch_size if h.micro_batch_size is not None else h.num_generations
+
+    @property
     def sampling(self) -> SamplingConfig:
         h = self.hparams
         return SamplingConfig(
@@ -262,7 +270,7 @@ class RLModule(L.LightningModule):
             jobs,
             self.sampling,
             score,
-            micro_batch_size=self.hparams.micro_batch_size,
+            micro_batch_size=self.micro_batch_size,
             on_all_scored=self.scorer.scale_batch
             if self.hparams.scale_rewards == "batch"
             else None,
@@ -462,7 +470,7 @@ def _validate_config(args: dict[str, Any]) -> None:
     g = args["num_generations"]
     if g < 2:
         raise ValueError(f"num_generations must be >= 2 (group advantages need a group), got {g}")
-    mbs = args["micro_batch_size"]
+    mbs = args["micro_batch_size"] if args["micro_batch_size"] is not None else g
     if mbs < 1 or mbs % g:
         raise ValueError(
             f"micro_batch_size ({mbs}) must be a positive multiple of num_generations ({g}) "
