@@ -27,8 +27,9 @@ class PeriodicRLCLI(LightningCLI):
         parser.set_defaults(
             {
                 "trainer.strategy": lazy_instance(PeriodicAsyncStrategy),
+                # The module evaluates before the first iteration (eval_at_start): Lightning's
+                # sanity check would only repeat it on one prompt.
                 "trainer.num_sanity_val_steps": 0,
-                "trainer.limit_val_batches": 0,
             }
         )
 

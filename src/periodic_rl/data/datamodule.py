@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -86,5 +87,27 @@ class PromptDataModule(L.LightningDataModule):
         )
 
     def held_out(self) -> list[dict[str, Any]]:
-        """The held-out rows, evaluated greedily at the start and the end of training."""
+        """The held-out rows, evaluated greedily as validation (:meth:`val_dataloader`)."""
         return self.source.val
+
+    def val_dataloader(self) -> OneBatch:
+        """The held-out rows as Lightning's validation data: one batch holding them all, in
+        order, so each rollout worker generates its share in one engine call (the best
+        batching). No batch when there are no held-out rows: Lightning skips validation."""
+        return OneBatch(self.held_out())
+
+
+class OneBatch:
+    """A validation loader of one batch (``rows``), or none when ``rows`` is empty; stateless,
+    so every validation run sees every row (an iterable that is not a list or a tuple, which
+    Lightning would take for several loaders)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = list(rows)
+
+    def __len__(self) -> int:
+        return 1 if self.rows else 0
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        if self.rows:
+            yield list(self.rows)

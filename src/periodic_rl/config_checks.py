@@ -1,0 +1,61 @@
+"""The checks of :class:`~periodic_rl.RLModule`'s settings, run at construction so that a bad
+value fails before any model loads or engine starts, naming the field and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
+from periodic_rl.algorithms.losses import check_loss_type
+from periodic_rl.rewards import resolve_reward
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_module_config(args: dict[str, Any]) -> None:
+    """Refuse bad settings at construction, naming the field and the fix."""
+    g = args["num_generations"]
+    if g < 2:
+        raise ValueError(f"num_generations must be >= 2 (group advantages need a group), got {g}")
+    mbs = args["micro_batch_size"] if args["micro_batch_size"] is not None else g
+    if mbs < 1 or mbs % g:
+        raise ValueError(
+            f"micro_batch_size ({mbs}) must be a positive multiple of num_generations ({g}) "
+            "so that a group never spans two micro-batches"
+        )
+    check_loss_type(args["loss_type"])
+    if args["scale_rewards"] not in SCALE_REWARDS:
+        raise ValueError(
+            f"scale_rewards must be one of {SCALE_REWARDS}, got {args['scale_rewards']!r}"
+        )
+    if args["advantage_baseline"] not in BASELINES:
+        raise ValueError(
+            f"advantage_baseline must be one of {BASELINES}, got {args['advantage_baseline']!r}"
+        )
+    if args["max_new_tokens"] < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {args['max_new_tokens']}")
+    if args["temperature"] <= 0:
+        raise ValueError(f"temperature must be > 0 for RL sampling, got {args['temperature']}")
+    if not 0 < args["top_p"] <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {args['top_p']}")
+    if args["epsilon"] <= 0 or (args["epsilon_high"] is not None and args["epsilon_high"] <= 0):
+        raise ValueError("epsilon and epsilon_high must be > 0")
+    if args["beta"] < 0:
+        raise ValueError(f"beta must be >= 0, got {args['beta']}")
+    if args["learning_rate"] <= 0:
+        raise ValueError(f"learning_rate must be > 0, got {args['learning_rate']}")
+    if args["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args['dtype']!r}")
+    weights = args["reward_weights"]
+    funcs = args["reward_funcs"]
+    if weights is not None and funcs and len(weights) != len(funcs):
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries for {len(funcs)} reward_funcs; "
+            "give one weight per function"
+        )
+    for spec in funcs or []:
+        resolve_reward(spec)
+    if args["lora"] is not None and not isinstance(args["lora"], dict):
+        raise ValueError("lora must be a dict of peft LoraConfig arguments, or null")
