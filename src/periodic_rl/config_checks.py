@@ -9,6 +9,7 @@ import torch
 
 from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
 from periodic_rl.algorithms.losses import check_loss_type
+from periodic_rl.optim import check_schedule
 from periodic_rl.rewards import resolve_reward
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,6 +47,12 @@ def check_module_config(args: dict[str, Any]) -> None:
         raise ValueError(f"beta must be >= 0, got {args['beta']}")
     if args["learning_rate"] <= 0:
         raise ValueError(f"learning_rate must be > 0, got {args['learning_rate']}")
+    check_schedule(
+        args["lr_scheduler"],
+        args["warmup_steps"],
+        args["warmup_ratio"],
+        args["lr_scheduler_kwargs"],
+    )
     if args["dtype"] not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args['dtype']!r}")
     weights = args["reward_weights"]

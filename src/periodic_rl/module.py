@@ -9,25 +9,32 @@ order; then one optimizer step, after which the strategy pushes the new weights 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
 import torch
 
+from periodic_rl import optim
 from periodic_rl.algorithms.losses import (
     loss_denominator,
     loss_numerator,
     per_token_policy_loss,
 )
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
-from periodic_rl.config_checks import DTYPES, check_module_config
+from periodic_rl.config_checks import check_module_config
 from periodic_rl.evaluation import HeldOutEvaluation
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
 from periodic_rl.lora_push import lora_adapter_payload
-from periodic_rl.models import load_causal_lm, load_tokenizer, resolve_model
-from periodic_rl.rewards import RewardModel, resolve_reward
+from periodic_rl.models import load_tokenizer, resolve_model
+from periodic_rl.module_setup import (
+    build_scorer,
+    check_rows_and_rewards,
+    encode_prompt,
+    load_policy,
+    reference_model,
+)
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
 from periodic_rl.weights import lora_base_state_dict, policy_state_dict
@@ -50,6 +57,14 @@ class RLModule(L.LightningModule):
             entropy) are those of ``softmax(logits / temperature)``, the distribution the
             rollouts were sampled from. ``top_p`` truncation is not applied in training.
         learning_rate, weight_decay: AdamW settings.
+        lr_scheduler: the learning-rate schedule over the run (``trainer.max_steps``
+            iterations): ``constant``, ``constant_with_warmup``, ``linear``, ``cosine``,
+            ``cosine_with_min_lr`` or another ``transformers.get_scheduler`` name
+            (:mod:`periodic_rl.optim`). The rate is logged as ``lr``.
+        warmup_steps, warmup_ratio: linear warm-up from 0, in iterations, or as a fraction of
+            the run (used when ``warmup_steps`` is 0).
+        lr_scheduler_kwargs: the schedule's own arguments, e.g. ``{"min_lr_rate": 0.1}`` for
+            ``cosine_with_min_lr`` (a floor at 10% of ``learning_rate``).
         micro_batch_size: completions per forward/backward; a multiple of ``num_generations``
             so a group never spans two micro-batches. Default: one group, so that overlapped
             training starts on the first finished group (the update does not depend on it).
@@ -89,6 +104,10 @@ class RLModule(L.LightningModule):
         top_p: float = 1.0,
         learning_rate: float = 1e-5,
         weight_decay: float = 0.0,
+        lr_scheduler: str = "constant",
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
         micro_batch_size: int | None = None,
         loss_type: str = "dapo",
         beta: float = 0.0,
@@ -136,86 +155,28 @@ class RLModule(L.LightningModule):
     # ---- set-up ---------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Load the policy (and, when needed, a frozen reference) once, on the right device."""
-        if self.policy is not None:
-            return
-        h = self.hparams
-        self.tokenizer = load_tokenizer(self.model_path)
-        policy = load_causal_lm(self.model_path, dtype=DTYPES[h.dtype])
-        if h.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
-            policy.config.use_cache = False
-        if h.lora is not None:
-            from peft import LoraConfig, get_peft_model
-
-            policy = get_peft_model(policy, LoraConfig(**{"task_type": "CAUSAL_LM", **h.lora}))
-        elif h.beta > 0:
-            self.reference = load_causal_lm(self.model_path, dtype=DTYPES[h.dtype])
-            self.reference.requires_grad_(False)
-        policy.train()
-        self.policy = policy
+        if self.policy is None:
+            self.tokenizer = load_tokenizer(self.model_path)
+            self.policy, self.reference = load_policy(self.model_path, self.hparams)
 
     def setup(self, stage: str) -> None:
         """Build the scorer and check the rewards on a real row before any engine starts."""
         self.configure_model()
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         source = datamodule.source if datamodule is not None else None
-        funcs = [resolve_reward(spec) for spec in self._reward_specs]
-        weights = list(self.hparams.reward_weights or [])
-        if self.hparams.reward_model:
-            funcs.append(RewardModel(self.hparams.reward_model))
-        if not funcs and source is not None and source.reward_funcs:
-            funcs = list(source.reward_funcs)
-            weights = weights or list(source.reward_weights or [])
-        if not funcs:
-            funcs = [self.reward]
-        self.scorer = Scorer(
-            tokenizer=self.tokenizer,
-            reward_funcs=funcs,
-            reward_weights=weights or [1.0] * len(funcs),
-            scale_rewards=self.hparams.scale_rewards,
-            baseline=self.hparams.advantage_baseline,
-            accuracy_func=source.accuracy_func if source is not None else None,
-        )
+        self.scorer = build_scorer(self, source)
         if source is not None:
-            self._check_data_and_rewards(source.train[: self.hparams.num_generations])
+            check_rows_and_rewards(self, source.train[: self.hparams.num_generations])
 
-    def _check_data_and_rewards(self, rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            if "prompt" not in row:
-                raise ValueError("every data row needs a 'prompt' (set prompt_column)")
-            self.encode_prompt(row["prompt"])
-        row = rows[0]
-        probes = ["", "42"]
-        columns = {k: [v] * len(probes) for k, v in row.items() if k != "prompt"}
-        self.scorer.rewards([row["prompt"]] * len(probes), probes, columns)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
-            params, lr=self.hparams.learning_rate, weight_decay=self.hparams.weight_decay
-        )
+    def configure_optimizers(self) -> Any:
+        """AdamW, with the ``lr_scheduler`` schedule (:mod:`periodic_rl.optim`). Override it to
+        use another optimizer or schedule: training_step steps every scheduler returned."""
+        return optim.configure_optimizers(self)
 
     # ---- prompts and rollouts -------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of a prompt, through the tokenizer's own chat template when it has one."""
-        if isinstance(prompt, str):
-            if self.tokenizer.chat_template is None:
-                return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-            messages = [{"role": "user", "content": prompt}]
-            if self.hparams.system_prompt:
-                messages.insert(0, {"role": "system", "content": self.hparams.system_prompt})
-        elif isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            messages = prompt
-        else:
-            raise ValueError(
-                f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
-            )
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_prompt(self.tokenizer, prompt, self.hparams.system_prompt)
 
     @property
     def micro_batch_size(self) -> int:
@@ -289,8 +250,10 @@ class RLModule(L.LightningModule):
         self._normalise_gradients(stats.num_sequences, stats.num_tokens)
         if self.hparams.max_grad_norm is not None:
             self.clip_gradients(optimizer, self.hparams.max_grad_norm, "norm")
+        self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
         optimizer.step()  # the strategy bumps the policy version and pushes the new weights
         optimizer.zero_grad(set_to_none=True)
+        optim.step_schedulers(self)  # manual optimization: Lightning does not step them
         stats.finished = time.perf_counter()
         self.last_iteration = stats  # logged by the RLMetrics callback
 
@@ -363,12 +326,8 @@ class RLModule(L.LightningModule):
                     "off-policy rollout"
                 )
 
-    def _reference_model(self):
-        if self.reference is not None:
-            return nullcontext(self.reference)
-        if self.hparams.lora is not None:
-            return _adapter_disabled(self.policy)
-        raise RuntimeError("beta > 0 needs a reference model")
+    def _reference_model(self) -> Any:
+        return reference_model(self.policy, self.reference, self.hparams.lora is not None)
 
     def _rollout_strategy(self) -> Any:
         strategy = self.trainer.strategy
@@ -429,10 +388,3 @@ class RLModule(L.LightningModule):
         from periodic_rl.callbacks.rl_metrics import RLMetrics
 
         return [RLMetrics()]
-
-
-@contextmanager
-def _adapter_disabled(policy: Any) -> Iterator[Any]:
-    """The LoRA policy with its adapter disabled: the reference, without a second weight copy."""
-    with policy.disable_adapter():
-        yield policy

@@ -1,0 +1,91 @@
+"""The optimizer and learning-rate schedule of :class:`~periodic_rl.RLModule`.
+
+AdamW over the trainable parameters, with one of transformers' schedules
+(``transformers.get_scheduler``: ``linear``, ``cosine``, ``cosine_with_min_lr``,
+``constant_with_warmup``, ``polynomial``, ...), the ones TRL's ``lr_scheduler_type`` names. The
+number of training steps is Lightning's ``trainer.estimated_stepping_batches`` (``max_steps``,
+or the epochs' batches): one iteration is one optimizer step.
+
+Manual optimization: Lightning does not step schedulers then, so the module steps every
+scheduler it was given (:func:`step_schedulers`) right after ``optimizer.step()``, once per
+iteration. Lightning still saves their state in checkpoints and restores it on resume, so a
+resumed run continues the schedule where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+# Schedules get_scheduler offers that make no sense here: one needs a monitored metric, one is
+# not a learning-rate schedule.
+REFUSED = ("reduce_lr_on_plateau", "greedy")
+
+
+def scheduler_names() -> list[str]:
+    """The accepted ``lr_scheduler`` values."""
+    from transformers.trainer_utils import SchedulerType
+
+    return [s.value for s in SchedulerType if s.value not in REFUSED]
+
+
+def check_schedule(
+    lr_scheduler: str, warmup_steps: int, warmup_ratio: float, kwargs: dict[str, Any] | None
+) -> None:
+    """Refuse a bad schedule at construction, naming the field and the fix."""
+    names = scheduler_names()
+    if lr_scheduler not in names:
+        raise ValueError(f"lr_scheduler must be one of {names}, got {lr_scheduler!r}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if not 0.0 <= warmup_ratio < 1.0:
+        raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+    if lr_scheduler == "constant" and (warmup_steps or warmup_ratio):
+        raise ValueError(
+            "lr_scheduler 'constant' has no warm-up; use 'constant_with_warmup' with "
+            "warmup_steps / warmup_ratio"
+        )
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError("lr_scheduler_kwargs must be a dict, or null")
+
+
+def configure_optimizers(module: Any) -> Any:
+    """AdamW over the policy's trainable parameters, and the schedule when it is not constant
+    (a constant rate needs no scheduler, and old checkpoints hold none)."""
+    h = module.hparams
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=h.learning_rate, weight_decay=h.weight_decay)
+    name = h.lr_scheduler
+    if name == "constant":
+        return optimizer
+    total = module.trainer.estimated_stepping_batches
+    if not math.isfinite(total):
+        raise ValueError(
+            f"lr_scheduler {name!r} decays over the run's length: set trainer.max_steps "
+            "(or max_epochs with a sized prompt loader)"
+        )
+    total = int(total)
+    warmup = h.warmup_steps or math.ceil(h.warmup_ratio * total)
+    from transformers import get_scheduler
+
+    scheduler = get_scheduler(
+        name,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total,
+        scheduler_specific_kwargs=dict(h.lr_scheduler_kwargs or {}),
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def step_schedulers(module: Any) -> None:
+    """Step every scheduler once (one optimizer step per iteration). A ``ReduceLROnPlateau``
+    (from an overridden ``configure_optimizers``) needs a metric: step it yourself."""
+    schedulers = module.lr_schedulers()
+    if schedulers is None:
+        return
+    for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
+        if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step()

@@ -1,0 +1,118 @@
+"""Learning-rate schedules: warm-up then decay, stepped once per iteration, logged, from YAML."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import lightning as L
+import pytest
+from lightning.pytorch.loggers import CSVLogger
+from rl_helpers import length_reward
+
+from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl.cli import main
+
+LR = 1e-2
+
+
+class LearningRates(L.Callback):
+    """The rate each iteration's optimizer step uses."""
+
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def fit(root, model_path, steps, **module_kwargs):
+    L.seed_everything(0, verbose=False)
+    module = RLModule(
+        model=model_path,
+        num_generations=2,
+        max_new_tokens=4,
+        learning_rate=LR,
+        reward_funcs=[length_reward],
+        shared_prompt=False,
+        **module_kwargs,
+    )
+    rates = LearningRates()
+    trainer = L.Trainer(
+        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
+        max_steps=steps,
+        logger=CSVLogger(root),
+        log_every_n_steps=1,
+        callbacks=[rates],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=PromptDataModule(batch_size=1, num_train=8, num_val=0))
+    return trainer, rates.rates
+
+
+def cosine_with_warmup(step: int, warmup: int, total: int, floor: float = 0.0) -> float:
+    if step < warmup:
+        return LR * step / warmup
+    progress = (step - warmup) / (total - warmup)
+    return LR * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def logged(trainer, name: str) -> list[float]:
+    import csv
+
+    with open(trainer.logger.log_dir + "/metrics.csv") as f:
+        return [float(row[name]) for row in csv.DictReader(f) if row.get(name)]
+
+
+def test_warmup_then_cosine(tiny_llama_path, tmp_path):
+    trainer, rates = fit(tmp_path, tiny_llama_path, 5, lr_scheduler="cosine", warmup_steps=2)
+    expected = [cosine_with_warmup(s, 2, 5) for s in range(5)]  # 0, 0.5, 1, 0.75, 0.25 x LR
+    assert rates == pytest.approx(expected, abs=1e-12)
+    assert logged(trainer, "lr") == pytest.approx(expected, rel=1e-6)  # logged as float32
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 5  # stepped once per step
+
+
+def test_warmup_ratio_linear_and_floor(tiny_llama_path, tmp_path):
+    _, rates = fit(tmp_path / "a", tiny_llama_path, 4, lr_scheduler="linear", warmup_ratio=0.25)
+    assert rates == pytest.approx([0.0, LR, LR * 2 / 3, LR / 3], abs=1e-12)  # 1 warm-up step
+    _, rates = fit(
+        tmp_path / "b",
+        tiny_llama_path,
+        3,
+        lr_scheduler="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    )
+    assert rates == pytest.approx([cosine_with_warmup(s, 0, 3, 0.1) for s in range(3)])
+
+
+def test_constant_by_default(tiny_llama_path, tmp_path):
+    trainer, rates = fit(tmp_path, tiny_llama_path, 2)
+    assert rates == [LR, LR] and trainer.lr_scheduler_configs == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"lr_scheduler": "exponential"}, "lr_scheduler"),
+        ({"lr_scheduler": "reduce_lr_on_plateau"}, "lr_scheduler"),
+        ({"lr_scheduler": "constant", "warmup_steps": 3}, "constant_with_warmup"),
+        ({"lr_scheduler": "cosine", "warmup_ratio": 1.5}, "warmup_ratio"),
+        ({"lr_scheduler": "cosine", "warmup_steps": -1}, "warmup_steps"),
+    ],
+)
+def test_bad_schedule_names_the_field(tiny_llama_path, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        RLModule(model=tiny_llama_path, **kwargs)
+
+
+def test_schedule_from_the_command_line(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["periodic-rl"])
+    args = ["fit", "--model.init_args.lr_scheduler", "cosine"]
+    args += ["--model.init_args.warmup_ratio", "0.1", "--print_config"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "lr_scheduler: cosine" in printed and "warmup_ratio: 0.1" in printed
