@@ -27,6 +27,8 @@ class PeriodicRLCLI(LightningCLI):
         parser.set_defaults(
             {
                 "trainer.strategy": lazy_instance(PeriodicAsyncStrategy),
+                # One training device (the strategy refuses more); "auto" would take every GPU.
+                "trainer.devices": 1,
                 # The module evaluates before the first iteration (eval_at_start): Lightning's
                 # sanity check would only repeat it on one prompt.
                 "trainer.num_sanity_val_steps": 0,

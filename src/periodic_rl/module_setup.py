@@ -56,8 +56,9 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     h = module.hparams
     funcs = [resolve_reward(spec) for spec in module._reward_specs]
     weights = list(h.reward_weights or [])
-    if h.reward_model:
-        funcs.append(RewardModel(h.reward_model))
+    if h.reward_model:  # scores on the training device
+        device = module.trainer.strategy.root_device if module._trainer is not None else None
+        funcs.append(RewardModel(h.reward_model, device=device))
     if not funcs and source is not None and source.reward_funcs:
         funcs = list(source.reward_funcs)
         weights = weights or list(source.reward_weights or [])

@@ -47,7 +47,11 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         groups_per_call: prompt groups handed to a worker per call (batching vs streaming).
             Overlapped, each worker's first call and the iteration's last calls carry one
             micro-batch's groups, so training starts and ends sooner (docs/overlap.md).
-        device: the training device.
+        device: the training device, e.g. ``cuda:1``. Default: the Trainer's, from its
+            ``accelerator`` and ``devices`` (``Trainer(accelerator="gpu", devices=1)`` trains
+            on ``cuda:0``). One device: ``devices`` above 1 is refused (multi-device training
+            strategies are planned); the rollout workers take their own GPUs through Ray
+            (``gpus_per_worker``).
         adapter_pushes: with LoRA, push the base weights once and then only the adapter
             factors, which the workers merge themselves (:mod:`periodic_rl.lora_push`);
             ``False`` pushes the full merged weights every iteration.
@@ -68,12 +72,14 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         worker_cores: list[list[int]] | None = None,
         trainer_cores: list[int] | None = None,
         groups_per_call: int = 2,
-        device: str = "cpu",
+        device: str | None = None,
         adapter_pushes: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
-        super().__init__(device=torch.device(device), **kwargs)
+        super().__init__(device=torch.device(device or "cpu"), **kwargs)
+        self._device = torch.device(device) if device is not None else None
+        self._parallel_devices: list[torch.device] | None = None
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not use_ray and (overlap or num_workers != 1):
@@ -103,6 +109,35 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         self.spans = SpanRecorder()
         self.push_counts = {"full": 0, "base+adapter": 0, "adapter": 0}
         self._base_on: tuple[Any, list[str]] | None = None  # (rollouts, kept names) of the base
+
+    # ---- device -----------------------------------------------------------------------------
+    @property
+    def parallel_devices(self) -> list[torch.device] | None:
+        """The devices the Trainer's accelerator connector picked (it sets them when the Trainer
+        is built, from ``accelerator`` and ``devices``); this strategy trains on the first."""
+        return self._parallel_devices
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device] | None) -> None:
+        if devices and len(devices) > 1:
+            raise ValueError(
+                f"PeriodicAsyncStrategy trains on one device, but the Trainer asks for "
+                f"{len(devices)} ({', '.join(str(d) for d in devices)}): multi-device training "
+                "is not supported yet (multi-device strategies are planned). Set "
+                "Trainer(devices=1) (YAML: trainer.devices: 1), or pick the device with "
+                "PeriodicAsyncStrategy(device=...); the rollout workers take their own GPUs "
+                "through gpus_per_worker."
+            )
+        self._parallel_devices = list(devices) if devices else None
+
+    @property
+    def root_device(self) -> torch.device:
+        """``device`` when given, else the device the Trainer's accelerator picked."""
+        if self._device is not None:
+            return self._device
+        if self._parallel_devices:
+            return self._parallel_devices[0]
+        return torch.device("cpu")
 
     # ---- lifecycle --------------------------------------------------------------------------
     def setup(self, trainer: Any) -> None:
