@@ -8,7 +8,9 @@ dispatches per call:
 - the call carries a :class:`SharedPromptLayout` in its kwargs (transformers forwards
   ``model(**kwargs)`` down to every attention call): shared-prompt attention with the layout's
   backend;
-- it carries none (an ordinary forward, generation in another thread, ...): the model's original
+- it carries none but this thread is inside a shared-prompt forward (a decoder layer that does not
+  pass its kwargs on to the attention, e.g. StableLM's): the layout of that forward;
+- neither (an ordinary forward, generation in another thread, ...): the model's original
   attention implementation, with the original mask function, exactly as without us.
 
 Why a dispatcher and not a plain temporary switch: with gradient checkpointing the layers run
@@ -19,13 +21,16 @@ a function that understands the layout. Wrap forward and backward in
 forget).
 
 Models whose attention cannot take the layout are refused, not approximated: models that do not
-use the interface, layers that are not attention (convolutions, recurrences mix tokens across the
-packed responses), sliding windows shorter than prompt + response, softcapping on a backend without
-it, attention sinks, position biases.
+use the interface, forwards without ``position_ids``, layers that are not attention (convolutions,
+recurrences mix tokens across the packed responses), attention masks or biases built outside the
+mask interface (ALiBi, dynamic masks), sliding windows shorter than prompt + response, softcapping
+on a backend without it, attention sinks, position biases. :mod:`periodic_rl.attention.support`
+adds a numerical probe per model on top of these checks.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
 from collections.abc import Iterator
@@ -43,13 +48,18 @@ from periodic_rl.attention.layout import SharedPromptLayout
 
 ATTN_NAME = "periodic_rl_shared_prompt"
 LAYOUT_KWARG = "shared_prompt_layout"
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention"})
+# config attributes that list the kind of every layer (the name varies by family)
+LAYER_LIST_ATTRS = ("layer_types", "layers_block_type", "block_types")
 
 # id(config) -> (weak ref to it, the attention implementation it had before we switched it).
 # Keyed by id: configs define __eq__ and are unhashable.
 _INNER: dict[int, tuple[weakref.ref[PretrainedConfig], str | None]] = {}
-# True while this thread runs a shared-prompt forward: the mask function then builds nothing
-_SHARED_FORWARD: ContextVar[bool] = ContextVar("periodic_rl_shared_forward", default=False)
+# (layout, whether layers may read it from here) while this thread runs a shared-prompt forward:
+# the mask function then builds nothing, and attention calls without the layout kwarg use it
+_SHARED_FORWARD: ContextVar[tuple[SharedPromptLayout, bool] | None] = ContextVar(
+    "periodic_rl_shared_forward", default=None
+)
 
 
 class SharedPromptUnsupportedError(ValueError):
@@ -92,10 +102,26 @@ def shared_prompt_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """The registered attention function: shared-prompt attention when a layout is passed."""
     layout: SharedPromptLayout | None = kwargs.pop(LAYOUT_KWARG, None)
-    if layout is None:
-        return _delegate(module, query, key, value, attention_mask, **kwargs)
-    backend = BACKENDS[layout.backend]
     where = f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')})"
+    if layout is None:
+        active = _SHARED_FORWARD.get()
+        if active is None:
+            return _delegate(module, query, key, value, attention_mask, **kwargs)
+        layout, from_context_ok = active
+        if not from_context_ok:
+            raise SharedPromptUnsupportedError(
+                f"{where} does not receive the layout in its kwargs (its decoder layer does not "
+                "pass them on), so the recomputation of gradient checkpointing in backward() "
+                "would run plain causal attention; disable gradient checkpointing or use "
+                "shared_prompt=False"
+            )
+    backend = BACKENDS[layout.backend]
+    if attention_mask is not None:
+        raise SharedPromptUnsupportedError(
+            f"{where} passes an attention mask or bias of its own (built outside transformers' "
+            "mask interface, e.g. ALiBi or a dynamic mask), which the shared-prompt backends "
+            "cannot apply; use shared_prompt=False"
+        )
     window = kwargs.get("sliding_window")
     if window is not None and window < layout.max_span:
         raise SharedPromptUnsupportedError(
@@ -126,13 +152,14 @@ def shared_prompt_attention_forward(
             f"key {tuple(key.shape)} (a KV cache or extra tokens?)"
         )
     layout.calls += 1
+    layout.consumers.add(id(module))
     opt = AttentionOptions(scaling=kwargs.get("scaling"), dropout=dropout, softcap=softcap)
     return backend.fn(query, key, value, layout, opt), None
 
 
 def _shared_prompt_mask(*args: Any, **kwargs: Any) -> Any:
     """Mask function for our name: nothing during a shared forward, else the original one."""
-    if _SHARED_FORWARD.get():
+    if _SHARED_FORWARD.get() is not None:
         return None  # the backend builds its own (small, cached) masks from the layout
     inner = _inner_name(kwargs.get("config"))
     if inner not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
@@ -187,17 +214,77 @@ def is_shared_prompt_active(model: torch.nn.Module) -> bool:
 
 
 @contextmanager
-def shared_forward() -> Iterator[None]:
-    """Mark this thread's forward as a shared-prompt one (the mask function then builds nothing)."""
-    token = _SHARED_FORWARD.set(True)
+def shared_forward(layout: SharedPromptLayout, *, context_layout_ok: bool = True) -> Iterator[None]:
+    """Mark this thread's forward as a shared-prompt one with ``layout``.
+
+    The mask function then builds nothing, and attention calls that did not get the layout in their
+    kwargs take it from here (refused when ``context_layout_ok`` is False: with gradient
+    checkpointing, backward recomputes those layers outside this block).
+    """
+    token = _SHARED_FORWARD.set((layout, context_layout_ok))
     try:
         yield
     finally:
         _SHARED_FORWARD.reset(token)
 
 
-def check_model_supported(model: torch.nn.Module) -> None:
-    """Refuse, before any compute, models whose attention cannot take a shared-prompt layout."""
+@contextmanager
+def refusals_name_the_model(model: torch.nn.Module) -> Iterator[None]:
+    """Prefix refusals raised inside (e.g. by an attention layer) with the model's class name."""
+    try:
+        yield
+    except SharedPromptUnsupportedError as err:
+        name = type(unwrap_model(model)).__name__
+        if str(err).startswith(name):
+            raise
+        raise SharedPromptUnsupportedError(f"{name}: {err}") from err
+
+
+def accepts_kwarg(model: torch.nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` (the base model's, under a peft wrapper) has parameter ``name``."""
+    try:
+        params = inspect.signature(unwrap_model(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
+
+
+def _takes_position_ids(base: PreTrainedModel) -> bool:
+    """``position_ids`` is a parameter of the forward, or of the decoder its ``**kwargs`` reach.
+
+    Whisper's and TrOCR-style heads take ``**kwargs`` only and hand them to a decoder that reads
+    ``position_ids``; BART-family decoders have no such parameter and count positions themselves.
+    """
+    if accepts_kwarg(base, "position_ids"):
+        return True
+    try:
+        params = inspect.signature(base.forward).parameters.values()
+        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    except Exception:  # noqa: BLE001 - no usable decoder: judge by the forward alone
+        return False
+    if decoder is None or decoder is base:
+        return False
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return takes_kwargs and accepts_kwarg(decoder, "position_ids")
+
+
+def _layer_kinds(text: PretrainedConfig) -> list[str]:
+    for attr in LAYER_LIST_ATTRS:
+        try:
+            kinds = getattr(text, attr, None)
+        except Exception:  # noqa: BLE001 - per-layer configs refuse some global reads
+            kinds = None
+        if isinstance(kinds, (list, tuple)) and kinds:
+            return [str(k) for k in kinds]
+    return []
+
+
+def check_model_supported(model: torch.nn.Module, layout: SharedPromptLayout | None = None) -> None:
+    """Refuse, before any compute, models whose attention cannot take a shared-prompt layout.
+
+    ``layout`` (the packed batch about to run), when given, lets chunked attention through if
+    every chunk covers prompt + response.
+    """
     base = unwrap_model(model)
     name = type(base).__name__
     if not isinstance(base, PreTrainedModel):
@@ -218,12 +305,21 @@ def check_model_supported(model: torch.nn.Module) -> None:
         raise SharedPromptUnsupportedError(
             f"{name} is configured as bidirectional (is_causal=False)"
         )
-    layer_types = getattr(text, "layer_types", None) or []
-    other = sorted(set(layer_types) - ATTENTION_LAYER_TYPES)
+    other = set(_layer_kinds(text)) - ATTENTION_LAYER_TYPES
+    chunk = getattr(text, "attention_chunk_size", None)
+    if "chunked_attention" in other and layout is not None and chunk and layout.max_span <= chunk:
+        other.discard("chunked_attention")  # every position falls in the first chunk
+    other = sorted(other)
     if other:
         raise SharedPromptUnsupportedError(
             f"{name} has layers of type {other}: only attention layers "
             f"({sorted(ATTENTION_LAYER_TYPES)}) keep packed replies apart; use shared_prompt=False"
+        )
+    if not _takes_position_ids(base):
+        raise SharedPromptUnsupportedError(
+            f"{name}.forward takes no position_ids: its positions follow the sequence index, so "
+            "a response packed after another cannot restart at the prompt length; use "
+            "shared_prompt=False"
         )
 
 
@@ -231,12 +327,18 @@ def check_layout_consumed(model: torch.nn.Module, layout: SharedPromptLayout) ->
     """After the forward: every decoder layer must have run its attention through our function."""
     text = unwrap_model(model).config.get_text_config()
     expected = getattr(text, "num_hidden_layers", None)
-    if layout.calls == 0 or (expected is not None and layout.calls != expected):
+    modules = len(layout.consumers)
+    # one module per layer; a layer may call it twice (DiffLlama), a model may loop over its
+    # layers (HRM: num_hidden_layers counts the calls)
+    if layout.calls == 0 or (
+        expected is not None and modules < expected and layout.calls != expected
+    ):
         raise SharedPromptUnsupportedError(
-            f"{type(unwrap_model(model)).__name__}: {layout.calls} attention calls used the "
-            f"shared-prompt layout, expected {expected} (one per layer). Some layers do not "
-            "go through transformers' AttentionInterface (or another thread restored the attention "
-            "implementation mid-forward); their result would be wrong. Use shared_prompt=False."
+            f"{type(unwrap_model(model)).__name__}: {layout.calls} attention calls from "
+            f"{modules} attention modules used the shared-prompt layout, expected at least one "
+            f"module per layer ({expected}). Some layers do not go through transformers' "
+            "AttentionInterface (or another thread restored the attention implementation "
+            "mid-forward); their result would be wrong. Use shared_prompt=False."
         )
 
 

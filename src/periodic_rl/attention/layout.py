@@ -32,12 +32,14 @@ class SharedPromptLayout:
         response_lens: per group, the lengths of its responses (each >= 1) in packed order.
         backend: name of the attention backend that will read this layout.
         calls: how many attention layers have consumed the layout (checked after the forward).
+        consumers: ``id`` of each attention module that consumed it (a layer may call twice).
     """
 
     prompt_lens: list[int]
     response_lens: list[list[int]]
     backend: str = "split"
     calls: int = 0
+    consumers: set[int] = field(default_factory=set, repr=False, compare=False)
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -20,14 +20,17 @@ import torch
 from periodic_rl.attention.backends import select_backend
 from periodic_rl.attention.integration import (
     LAYOUT_KWARG,
+    accepts_kwarg,
     check_layout_consumed,
     check_model_supported,
     is_shared_prompt_active,
     needs_checkpoint_session,
+    refusals_name_the_model,
     shared_forward,
     shared_prompt_attention,
 )
 from periodic_rl.attention.packing import Group, ModelBatch, pack_groups, pad_groups
+from periodic_rl.attention.support import ensure_exact
 
 _CHUNK = 64  # rows of the [K, V] logits processed at a time (a few MiB: stays in cache)
 
@@ -114,15 +117,21 @@ def token_logprobs(
 
 
 def _forward(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
+    kwargs = {}
+    if batch.position_ids is not None:
+        kwargs["position_ids"] = batch.position_ids
+    if batch.layout is not None:
+        kwargs[LAYOUT_KWARG] = batch.layout
+    # a forward without the parameter (Whisper's, TrOCR's decoders) projects every position
+    keep_in_forward = accepts_kwarg(model, "logits_to_keep")
+    if keep_in_forward:
+        kwargs["logits_to_keep"] = batch.logits_to_keep
     out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=batch.logits_to_keep,
-        use_cache=False,
-        **({LAYOUT_KWARG: batch.layout} if batch.layout is not None else {}),
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **kwargs
     )
     logits = out.logits
+    if not keep_in_forward and logits.shape[1] == batch.input_ids.shape[1]:
+        logits = logits[:, batch.logits_to_keep]
     expected = (batch.input_ids.shape[0], batch.logits_to_keep.numel())
     if tuple(logits.shape[:2]) != expected:
         raise RuntimeError(
@@ -210,22 +219,29 @@ def completion_logprobs(
         return (empty, batch.mask, empty.clone()) if return_entropy else (empty, batch.mask)
 
     if not shared_prompt:
+        ensure_exact(model, groups, None, pad_token_id, (device, dtype))
         logits = _forward(model, batch)
     else:
-        check_model_supported(model)
-        active = is_shared_prompt_active(model)
-        if needs_checkpoint_session(model) and not active:
-            raise RuntimeError(
-                "gradient checkpointing recomputes attention during backward(), after this call "
-                "has returned: wrap both in `with periodic_rl.attention.shared_prompt_attention("
-                "model):` (forward and backward), or use shared_prompt=False"
-            )
-        with ExitStack() as stack:
-            if not active:
-                stack.enter_context(shared_prompt_attention(model))
-            stack.enter_context(shared_forward())
-            logits = _forward(model, batch)
-        check_layout_consumed(model, batch.layout)
+        with refusals_name_the_model(model):
+            check_model_supported(model, batch.layout)
+            ensure_exact(model, groups, chosen.name, pad_token_id, (device, dtype))
+            active = is_shared_prompt_active(model)
+            checkpointing = needs_checkpoint_session(model)
+            if checkpointing and not active:
+                raise RuntimeError(
+                    "gradient checkpointing recomputes attention during backward(), after this "
+                    "call has returned: wrap both in `with periodic_rl.attention."
+                    "shared_prompt_attention(model):` (forward and backward), or use "
+                    "shared_prompt=False"
+                )
+            with ExitStack() as stack:
+                if not active:
+                    stack.enter_context(shared_prompt_attention(model))
+                stack.enter_context(
+                    shared_forward(batch.layout, context_layout_ok=not checkpointing)
+                )
+                logits = _forward(model, batch)
+            check_layout_consumed(model, batch.layout)
 
     if temperature != 1.0:
         logits = logits / temperature

@@ -28,7 +28,8 @@ class ModelBatch:
 
     Attributes:
         input_ids: ``[B, S]`` (``B = 1`` when packed).
-        position_ids: ``[B, S]``.
+        position_ids: ``[B, S]`` (packed), None (padded: the model's own, see
+            :func:`pad_groups`).
         attention_mask: ``[B, S]`` padding mask (padded path) or None (packed path).
         logits_to_keep: ``[K]`` sequence positions whose hidden states are projected.
         rows: ``[N, T]`` index into the flattened ``[B * K]`` projected rows, per completion token.
@@ -38,7 +39,7 @@ class ModelBatch:
     """
 
     input_ids: torch.Tensor
-    position_ids: torch.Tensor
+    position_ids: torch.Tensor | None
     attention_mask: torch.Tensor | None
     logits_to_keep: torch.Tensor
     rows: torch.Tensor
@@ -147,33 +148,42 @@ def pack_groups(groups: list[Group], backend: str = "split") -> ModelBatch:
 
 
 def pad_groups(groups: list[Group], pad_token_id: int = 0) -> ModelBatch:
-    """The ordinary layout: a row per completion, ``[left pad | prompt | completion | right pad]``.
+    """The ordinary layout: a row per completion, ``[prompt | completion | right pad]``.
 
-    Prompts are left padded so that every prompt ends at column ``Pmax - 1``; completion token
-    ``t`` of every row is then predicted from column ``Pmax - 1 + t``, and ``logits_to_keep`` is
-    one contiguous range shared by all rows. Position ids count real tokens only.
+    Right padding keeps every real token where a forward of that sequence alone puts it: the
+    positions are ``0..len-1`` whether or not the model reads ``position_ids`` (GPT-2 style
+    learned positions, OPT's mask-derived ones, models that count from the pad token), and the
+    padding comes after every real token, so causal attention, recurrences and convolutions
+    never see it. ``position_ids`` is therefore left to the model (None).
+
+    ``logits_to_keep`` is one range shared by all rows: from the last prompt token of the
+    shortest prompt to the second-to-last token of the longest row; with prompts of unequal
+    length a row projects a few columns it does not need.
     """
     n, t = validate_groups(groups)
     targets, mask = _completion_tables(groups, n, t)
-    pmax = max((len(p) for p, cs in groups if cs), default=1)
-    seq = pmax + t
+    prompt_lens = [len(p) for p, cs in groups for _ in cs]
+    lo = min(prompt_lens, default=1) - 1
+    seq = max((len(p) + len(c) for p, cs in groups for c in cs), default=1)
     input_ids = torch.full((n, seq), pad_token_id, dtype=torch.long)
     attention = torch.zeros(n, seq, dtype=torch.long)
     i = 0
     for prompt, completions in groups:
         for c in completions:
             row = [*prompt, *c]
-            lo = pmax - len(prompt)
-            input_ids[i, lo : lo + len(row)] = torch.as_tensor(row, dtype=torch.long)
-            attention[i, lo : lo + len(row)] = 1
+            input_ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            attention[i, : len(row)] = 1
             i += 1
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    rows = torch.arange(n * t, dtype=torch.long).view(n, t)
+    keep = max(seq - 1 - lo, 1)
+    # completion token j of row i is predicted by column P_i - 1 + j, projected row P_i - 1 + j - lo
+    first = torch.as_tensor(prompt_lens, dtype=torch.long).view(n, 1) - 1 - lo
+    cols = (first + torch.arange(t, dtype=torch.long)).clamp(max=keep - 1)
+    rows = torch.arange(n, dtype=torch.long).view(n, 1) * keep + cols
     return ModelBatch(
         input_ids=input_ids,
-        position_ids=position_ids,
+        position_ids=None,
         attention_mask=attention,
-        logits_to_keep=torch.arange(pmax - 1, pmax - 1 + t, dtype=torch.long),
+        logits_to_keep=torch.arange(lo, lo + keep, dtype=torch.long),
         rows=rows,
         targets=targets,
         mask=mask,
