@@ -140,6 +140,14 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8, "head_dim": 16},
     # no default for these (None), the model needs them
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # the default config has no convolution layer at all (then it is a plain transformer)
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
+    # layers 3-4 reuse the keys/values of layers 1-2 (KV sharing: 15 of 35 layers by default)
+    "gemma3n_text": {
+        "num_hidden_layers": 4,
+        "num_kv_shared_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
     # DbrxAttentionConfig has no rope_theta field but the attention reads it
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     # attention every 2nd layer (the default period 8 leaves 2 layers without any)
