@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench clean
+.PHONY: venv demo test lint format bench clean mutations
 
 venv: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs --durations=15 tests
+
+# Each promise broken on purpose must fail a test (tests/mutations.py; not part of `make test`).
+mutations: $(STAMP)
+	$(PY) tests/mutations.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

@@ -1,12 +1,15 @@
-"""Engines used by the fabric tests, loaded inside Ray workers by ``module:Class`` path.
+"""Engines used by the fabric and strategy tests, loaded inside Ray workers by ``module:Class``.
 
-This directory goes on the workers' ``PYTHONPATH`` (the fabric's ``pythonpath`` argument), so
-the workers import this file as the top-level module ``fabric_fixtures``.
+This directory goes on the workers' ``PYTHONPATH`` (the fabric's ``pythonpath`` argument, or the
+``PYTHONPATH`` environment variable for a strategy's fabric), so the workers import this file as
+the top-level module ``fabric_fixtures``.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -35,15 +38,65 @@ class TamperingEngine(HFEngine):
         return super().load_weights(corrupted, partial=partial)
 
 
-class SlowEngine(HFEngine):
-    """An HFEngine that sleeps ``delay_s`` per call, so a test can kill it mid-call."""
+class DroppingEngine(HFEngine):
+    """An HFEngine whose load receives every tensor but copies one of them (``drop``) nowhere:
+    a reload that loses a tensor after it arrived. Only the copy is faulty; the fingerprint is
+    HFEngine's own, so pushes must fail. (Not a tied name such as ``lm_head.weight``: its
+    tensor is the embedding's, which the load does copy.)"""
 
-    def __init__(self, model: str, delay_s: float = 0.0, **kwargs) -> None:
+    def __init__(self, model: str, drop: str = "model.norm.weight", **kwargs) -> None:
         super().__init__(model, **kwargs)
-        self.delay_s = delay_s
+        self.drop = drop
+
+    def _copy_in(self, own: dict[str, torch.Tensor], state_dict: dict[str, torch.Tensor]) -> None:
+        super()._copy_in(own, {k: v for k, v in state_dict.items() if k != self.drop})
+
+
+class GatedEngine(HFEngine):
+    """An HFEngine whose calls wait for files, so that a test can fix the order of events
+    between the trainer and the workers instead of relying on timing.
+
+    Args:
+        gate_dir: where the files are.
+        gates: ``{group seed: file name}``: a call holding that group starts generating only
+            once ``gate_dir/<file name>`` exists.
+        reason: what a gate that never opens means (in the error it raises).
+        max_wait_s: how long a call waits for a gate or a hold before it raises.
+
+    Holds: while ``gate_dir/hold-<pid>`` exists, every call of the worker process ``pid`` waits
+    (a test creates it to be sure that worker still has its calls when it kills the worker).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        gate_dir: str = "",
+        gates: dict[int, str] | None = None,
+        reason: str = "",
+        max_wait_s: float = 60.0,
+        **kwargs,
+    ) -> None:
+        super().__init__(model, **kwargs)
+        self.gate_dir = Path(gate_dir)
+        self.gates = dict(gates or {})
+        self.reason = reason
+        self.max_wait_s = max_wait_s
 
     def generate(
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[list[list[int]]]:
-        time.sleep(self.delay_s)
+        if self.gate_dir.parts:
+            hold = self.gate_dir / f"hold-{os.getpid()}"
+            self._wait(lambda: not hold.exists(), f"{hold} was never removed")
+            for request in requests:
+                if request.seed in self.gates:
+                    gate = self.gate_dir / self.gates[request.seed]
+                    self._wait(gate.exists, f"{gate} never appeared: {self.reason}")
         return super().generate(requests, sampling)
+
+    def _wait(self, condition, failure: str) -> None:
+        deadline = time.monotonic() + self.max_wait_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {self.max_wait_s:.0f} s: {failure}")
+            time.sleep(0.01)

@@ -37,3 +37,30 @@ def adapter_fingerprint(base_fingerprint: str, adapter: Mapping[str, torch.Tenso
     worker from what it received, so a worker that merged another adapter, or into another
     base, reports a different string. The merge itself is deterministic code on both sides."""
     return combined_fingerprint("lora-adapter", base_fingerprint, weights_fingerprint(adapter))
+
+
+def loaded_fingerprint(
+    received: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]
+) -> str:
+    """The fingerprint an engine reports after a load: :func:`weights_fingerprint` of ``held``,
+    the tensors it holds *after* loading (read back from the engine, under the received names),
+    so it equals the sender's ``weights_fingerprint(received)`` only if every received tensor
+    landed bit for bit. A received name missing from ``held`` changes it (a dropped tensor).
+
+    A tensor held in another dtype than it arrived in (an fp32 engine given bf16 weights) counts
+    as landed when it is exactly the received tensor converted to that dtype; the received bytes
+    are hashed for it then, as the sender did. Anything else is hashed as held, and so differs.
+    """
+    parts: dict[str, torch.Tensor] = {}
+    for name, tensor in held.items():
+        sent = received.get(name)
+        if (
+            sent is not None
+            and tensor.dtype != sent.dtype
+            and tensor.shape == sent.shape
+            and torch.equal(tensor.detach().cpu(), sent.detach().cpu().to(tensor.dtype))
+        ):
+            parts[name] = sent
+        else:
+            parts[name] = tensor
+    return weights_fingerprint(parts)

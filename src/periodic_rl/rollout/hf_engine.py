@@ -17,7 +17,7 @@ import torch
 from transformers import LogitsProcessor
 
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
-from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.fingerprint import loaded_fingerprint, weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 from periodic_rl.rollout.weights import WeightNames
 
@@ -186,26 +186,34 @@ class HFEngine(InferenceEngine):
         """Copy ``state_dict`` (transformers names, any dtype) into the model in place.
 
         Names are checked strictly (tied aliases such as ``lm_head.weight`` may be absent;
-        ``partial``: any subset of the model's names); returns :func:`weights_fingerprint` of
-        the tensors as received. After a partial load :meth:`fingerprint` is recomputed from
-        the model when asked.
+        ``partial``: any subset of the model's names). Returns :func:`loaded_fingerprint` of the
+        model's own state dict read back *after* the copy, under the received names: it equals
+        the sender's ``weights_fingerprint(state_dict)`` only if every tensor landed (a tensor
+        held in the engine's other dtype counts when it is exactly the received one converted).
+        After a partial load :meth:`fingerprint` is recomputed from the model when asked.
         """
         own = self._live().state_dict()
         if partial:
             self._names.check_partial(state_dict)
         else:
             self._names.check(state_dict)
-        fingerprint = weights_fingerprint(state_dict)
         for name, tensor in state_dict.items():
-            target = own[name]
-            if target.shape != tensor.shape:
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-            target.copy_(tensor.detach())
+            if own[name].shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(own[name].shape)}")
+        self._copy_in(own, state_dict)
+        held = self._live().state_dict()  # read back what the model holds now
+        fingerprint = loaded_fingerprint(state_dict, {n: held[n] for n in state_dict if n in held})
         self._fingerprint = None if partial else fingerprint
         return fingerprint
 
+    def _copy_in(self, own: dict[str, torch.Tensor], state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy each received tensor into the model's own (tests stand a faulty load in here)."""
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor.detach())
+
     def fingerprint(self) -> str:
-        """Fingerprint of the last pushed state dict, or of the weights loaded at start."""
+        """What the last full :meth:`load_weights` returned, else (at start, after a partial
+        load) the hash of the model's whole state dict."""
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self._live().state_dict())
         return self._fingerprint

@@ -183,8 +183,11 @@ class VLLMEngine(InferenceEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
         """Reload vLLM's weights from ``state_dict`` (transformers names, strict; a tied
-        ``lm_head.weight`` may be absent) and return the fingerprint computed by the worker from
-        what it received. Resets the prefix cache (its blocks hold old-weights KV).
+        ``lm_head.weight`` may be absent) and return the fingerprint the worker computed after
+        the reload: of each tensor as vLLM's loader took it in, and, for the parameters vLLM
+        keeps in checkpoint layout (embeddings, norms), as read back from the model
+        (:func:`periodic_rl.rollout.vllm_worker._verified`; it also raises if vLLM's loader
+        reports a parameter unloaded). Resets the prefix cache (its blocks hold old-weights KV).
 
         ``partial``: only these weights, which must be whole fused layers
         (:meth:`partial_load_names`); vLLM's in-place reload keeps the layers it receives

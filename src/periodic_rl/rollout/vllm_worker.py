@@ -25,15 +25,14 @@ from typing import Any
 
 import torch
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.rollout.fingerprint import loaded_fingerprint
 
 
 def load_weights(worker: Any, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
     """Reload the worker's model from ``state_dict`` (transformers names) and return the
-    fingerprint of the tensors this worker received (in-process engine: no copy was made)."""
-    fingerprint = weights_fingerprint(state_dict)
-    _reload(worker, state_dict.items(), partial)
-    return fingerprint
+    fingerprint of what the reload took in and what vLLM holds after it (:func:`_verified`)."""
+    fed, loaded = _reload(worker, state_dict.items(), partial)
+    return _verified(worker, state_dict, fed, loaded, partial)
 
 
 def load_weights_from_file(worker: Any, path: str, partial: bool = False) -> str:
@@ -42,9 +41,52 @@ def load_weights_from_file(worker: Any, path: str, partial: bool = False) -> str
     from safetensors.torch import load_file
 
     state_dict = load_file(path)
-    fingerprint = weights_fingerprint(state_dict)
-    _reload(worker, state_dict.items(), partial)
-    return fingerprint
+    fed, loaded = _reload(worker, state_dict.items(), partial)
+    return _verified(worker, state_dict, fed, loaded, partial)
+
+
+def _verified(
+    worker: Any,
+    received: dict[str, torch.Tensor],
+    fed: dict[str, torch.Tensor],
+    loaded: set[str] | None,
+    partial: bool,
+) -> str:
+    """The fingerprint a vLLM worker reports after a reload, and the checks behind it.
+
+    vLLM's CPU backend repacks the linear layers (their parameters are left empty, the packed
+    weights live in kernel-private buffers), and fuses q/k/v and gate/up, so most of what it
+    holds cannot be read back under transformers names. What is verified instead:
+
+    - every tensor is hashed as vLLM's own loader (``model.load_weights``) pulled it from the
+      reload's iterator (``fed``): a tensor received but never handed to vLLM, or changed on the
+      way, changes the fingerprint;
+    - parameters vLLM keeps in checkpoint layout (same name and shape: embeddings, norms) are
+      hashed as read back from the model after the reload, not as sent;
+    - after a full load, vLLM's loader must report every parameter of the model loaded (vLLM
+      itself only logs a warning), else ``RuntimeError``.
+
+    The repacking itself is trusted (tests compare log-probs after a push with the trainer's).
+    """
+    model = worker.model_runner.get_model()
+    if not partial and loaded is not None and _unquantized(worker):
+        missing = sorted({name for name, _ in model.named_parameters()} - set(loaded))
+        if missing:
+            raise RuntimeError(
+                f"vLLM's reload left {len(missing)} parameter(s) unloaded: "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            )
+    params = dict(model.named_parameters(remove_duplicate=False))
+    held = {}
+    for name, tensor in fed.items():
+        own = params.get(name)
+        held[name] = own if own is not None and own.shape == tensor.shape else tensor
+    return loaded_fingerprint(received, held)
+
+
+def _unquantized(worker: Any) -> bool:
+    config = getattr(getattr(worker, "model_runner", None), "model_config", None)
+    return getattr(config, "quantization", None) is None
 
 
 def packed_modules(worker: Any) -> dict[str, list[str]]:
@@ -62,12 +104,40 @@ def process_id(worker: Any) -> int:
     return os.getpid()
 
 
-def _reload(worker: Any, weights: Iterable[tuple[str, torch.Tensor]], partial: bool) -> None:
+def _reload(
+    worker: Any, weights: Iterable[tuple[str, torch.Tensor]], partial: bool
+) -> tuple[dict[str, torch.Tensor], set[str] | None]:
+    """Reload in place; returns the ``(name, tensor)`` pairs vLLM's ``model.load_weights``
+    pulled from the iterator, and the parameter names it reported loaded (``None``: none)."""
     # Worker.reload_weights wraps the model runner's in set_current_vllm_config, which some
     # weight loaders need; fall back to the runner for workers that lack the wrapper.
     reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
-    with torch.no_grad(), _quiet(_RELOAD_LOGGERS if partial else ()):
-        reload(weights_iterator=iter(list(weights)))
+    model = worker.model_runner.get_model()
+    fed: dict[str, torch.Tensor] = {}
+    report: dict[str, Any] = {}
+    load = model.load_weights
+
+    def recording_load(pairs: Iterable[tuple[str, torch.Tensor]]) -> Any:
+        def pulled() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in pairs:
+                fed[name] = tensor
+                yield name, tensor
+
+        report["loaded"] = load(pulled())
+        return report["loaded"]
+
+    shadowed = "load_weights" in vars(model)
+    model.load_weights = recording_load
+    try:
+        with torch.no_grad(), _quiet(_RELOAD_LOGGERS if partial else ()):
+            reload(weights_iterator=iter(list(weights)))
+    finally:
+        if shadowed:
+            model.load_weights = load
+        else:
+            del model.load_weights
+    loaded = report.get("loaded")
+    return fed, set(loaded) if loaded is not None else None
 
 
 # A partial reload makes these warn about every weight (and layer) it was not given, each push.

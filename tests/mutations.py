@@ -1,0 +1,282 @@
+"""Mutation checks: each promise of the library, broken on purpose, must fail a test.
+
+``make mutations`` (or ``.venv/bin/python tests/mutations.py [NAME ...]``) runs, for each row of
+:data:`MUTATIONS`: copy the repository's tracked ``src/``, ``tests/``, ``examples/`` and
+``pyproject.toml`` to a temporary directory, apply one exact text replacement to one file (the
+original text must occur exactly once, so a refactor cannot silently disable a mutation), and
+run only the tests that should catch it, with ``PYTHONPATH`` pointing at the copy's ``src`` (the
+child checks that ``periodic_rl`` is imported from there, not from the editable install, and so
+do the Ray workers, which import from the same directory). A mutation is *caught* when those
+tests fail. Before the mutations, the same tests run once on an unmutated copy and must pass,
+else a "caught" would mean nothing. Exit status 0 only if every mutation was caught.
+
+Not collected by pytest (no ``test_`` prefix). To add a mutation, append a :class:`Mutation`:
+``old`` is copied verbatim from the file (whitespace included), ``tests`` are pytest node ids
+relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ["src", "tests", "examples", "pyproject.toml"]
+TIMEOUT_S = 1200
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+STRATEGY_TESTS = "tests/strategies/test_periodic_async.py"
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        name="overlap switched off (the producer always joined first)",
+        file="src/periodic_rl/strategies/periodic_async.py",
+        old="            if not self.overlap:\n                with self.spans.span(",
+        new="            if True:\n                with self.spans.span(",
+        tests=(f"{STRATEGY_TESTS}::test_training_starts_before_the_last_group_is_generated",),
+    ),
+    Mutation(
+        name="on-policy check compares the version only",
+        file="src/periodic_rl/module.py",
+        old=(
+            "                group.version != strategy.policy_version\n"
+            "                or group.fingerprint != strategy.weights_fingerprint\n"
+        ),
+        new="                group.version != strategy.policy_version\n",
+        tests=(
+            f"{STRATEGY_TESTS}::test_rollout_from_other_weights_of_the_current_version_is_refused",
+        ),
+    ),
+    Mutation(
+        name="a killed worker's lost calls are not sent again",
+        file="src/periodic_rl/rollout/fabric.py",
+        old=(
+            "                    pending.appendleft(call.jobs)"
+            "  # same jobs, same seeds, another try\n"
+            "                    self.redispatched_calls += 1\n"
+        ),
+        new="",
+        tests=(
+            "tests/rollout/test_fabric.py::test_worker_killed_mid_iteration_loses_and_repeats_nothing",
+            f"{STRATEGY_TESTS}::test_worker_killed_mid_iteration_gives_the_fault_free_update",
+        ),
+    ),
+    Mutation(
+        name="a dead worker is replaced only at the next push",
+        file="src/periodic_rl/rollout/fabric.py",
+        old=(
+            "                    self.redispatched_calls += 1\n"
+            "                    self._restart(slot, call.incarnation, error)\n"
+        ),
+        new=(
+            "                    self.redispatched_calls += 1\n"
+            "                    slot.in_flight = self.max_calls_in_flight  # parked until a push\n"
+        ),
+        tests=(
+            "tests/rollout/test_fabric.py::test_worker_killed_mid_iteration_loses_and_repeats_nothing",
+            f"{STRATEGY_TESTS}::test_worker_killed_mid_iteration_gives_the_fault_free_update",
+        ),
+    ),
+    Mutation(
+        name="HFEngine fingerprints what it received, not what it holds",
+        file="src/periodic_rl/rollout/hf_engine.py",
+        old="loaded_fingerprint(state_dict, {n: held[n] for n in state_dict if n in held})",
+        new="weights_fingerprint(state_dict)",
+        tests=("tests/rollout/test_fingerprint.py",),
+    ),
+    Mutation(
+        name="vLLM worker fingerprints what it received, not what its loader took in",
+        file="src/periodic_rl/rollout/vllm_worker.py",
+        old="    return loaded_fingerprint(received, held)\n",
+        new=(
+            "    from periodic_rl.rollout.fingerprint import weights_fingerprint\n\n"
+            "    return weights_fingerprint(received)\n"
+        ),
+        tests=("tests/rollout/test_fingerprint.py",),
+    ),
+    Mutation(
+        name="training ignores the sampling temperature",
+        file="src/periodic_rl/module.py",
+        old=(
+            "            temperature=h.temperature,"
+            "  # train on the distribution the rollouts sampled from\n"
+        ),
+        new="",
+        tests=("tests/test_temperature.py",),
+    ),
+    Mutation(
+        name="cli.main returns the CLI object (the console script exits 1)",
+        file="src/periodic_rl/cli.py",
+        old="    PeriodicRLCLI(\n        RLModule,\n",
+        new="    return PeriodicRLCLI(\n        RLModule,\n",
+        tests=("tests/test_cli.py::test_installed_script_trains_and_exits_zero",),
+    ),
+    Mutation(
+        name="KL penalty dropped from the loss",
+        file="src/periodic_rl/module.py",
+        old="                beta=h.beta,\n",
+        new="                beta=0.0,\n",
+        tests=("tests/test_module_training.py",),
+    ),
+]
+
+
+def copy_tree(destination: Path) -> None:
+    """The tracked files under :data:`COPIED`, as they are in the working tree."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", *COPIED],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # tracked but deleted in the working tree: skip
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def mutated(mutation: Mutation, text: str) -> str:
+    """``text`` with the mutation applied; refuses unless ``old`` occurs exactly once."""
+    count = text.count(mutation.old)
+    if count != 1:
+        raise SystemExit(
+            f"mutation {mutation.name!r}: the original text occurs {count} times in "
+            f"{mutation.file} (expected once); update the row in tests/mutations.py"
+        )
+    return text.replace(mutation.old, mutation.new)
+
+
+def apply(mutation: Mutation, tree: Path) -> None:
+    path = tree / mutation.file
+    path.write_text(mutated(mutation, path.read_text()))
+
+
+def child_env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree / "src")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def check_import(tree: Path) -> None:
+    """The child must import the copy's ``periodic_rl``, not the editable install's."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import periodic_rl; print(periodic_rl.__file__)"],
+        cwd=tree,
+        env=child_env(tree),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to((tree / "src").resolve()):
+        raise SystemExit(f"the child imports periodic_rl from {found}, not from {tree / 'src'}")
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], stop_early: bool) -> tuple[str, float, str]:
+    """Run ``tests`` in ``tree``; returns (outcome, seconds, output tail). Outcomes: ``passed``,
+    ``failed`` (a test failed, or collection failed), ``error`` (no such test, usage error),
+    ``timeout``."""
+    missing = [t for t in tests if not (tree / t.split("::")[0]).exists()]
+    if missing:
+        return "error", 0.0, f"no such test file: {', '.join(missing)}"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *tests]
+    if stop_early:
+        command.insert(4, "-x")
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            command,
+            cwd=tree,
+            env=child_env(tree),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - began, ""
+    seconds = time.monotonic() - began
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    outcome = {0: "passed", 1: "failed", 2: "failed"}.get(done.returncode, "error")
+    return outcome, seconds, tail
+
+
+def fresh_tree() -> Path:
+    tree = Path(tempfile.mkdtemp(prefix="periodic-rl-mutation-"))
+    copy_tree(tree)
+    check_import(tree)
+    return tree
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="run only mutations whose name contains these")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.names or any(n in m.name for n in args.names)]
+    if args.list or not chosen:
+        for mutation in MUTATIONS:
+            print(f"{mutation.name}: {mutation.file} -> {', '.join(mutation.tests)}")
+        return 0 if chosen else 2
+    for mutation in chosen:  # every row still applies to today's sources, before anything runs
+        mutated(mutation, (ROOT / mutation.file).read_text())
+
+    if not args.no_baseline:
+        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        tree = fresh_tree()
+        try:
+            present = tuple(t for t in tests if (tree / t.split("::")[0]).exists())
+            outcome, seconds, tail = run_tests(tree, present, stop_early=False)
+        finally:
+            shutil.rmtree(tree, ignore_errors=True)
+        print(f"baseline (unmutated, {len(present)} test ids): {outcome} in {seconds:.0f} s")
+        if outcome != "passed":
+            print(tail)
+            print("the tests fail without any mutation: fix them first")
+            return 1
+
+    rows = []
+    for mutation in chosen:
+        tree = fresh_tree()
+        try:
+            apply(mutation, tree)
+            outcome, seconds, tail = run_tests(tree, mutation.tests, stop_early=True)
+        finally:
+            shutil.rmtree(tree, ignore_errors=True)
+        verdict = {"failed": "caught"}.get(outcome, f"NOT caught ({outcome})")
+        rows.append((mutation.name, verdict, seconds))
+        print(f"{verdict:<24} {seconds:6.0f} s  {mutation.name}", flush=True)
+        if outcome != "failed":
+            print("  " + tail.replace("\n", "\n  "))
+
+    width = max(len(name) for name, _, _ in rows)
+    print(f"\n| {'mutation':<{width}} | {'result':<24} | {'seconds':>7} |")
+    print(f"|{'-' * (width + 2)}|{'-' * 26}|{'-' * 9}|")
+    for name, verdict, seconds in rows:
+        print(f"| {name:<{width}} | {verdict:<24} | {seconds:7.0f} |")
+    survivors = sum(not verdict.startswith("caught") for _, verdict, _ in rows)
+    print(f"\n{len(rows) - survivors} of {len(rows)} mutations caught")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The fingerprint an engine reports is of what it holds after a load, not of what it was sent:
+a load that loses or changes a tensor on the way in makes the push fail.
+
+HFEngine hashes its own state dict read back after the copy. vLLM repacks its linear layers on
+the CPU, so its worker hashes each tensor as vLLM's loader took it in, reads back the parameters
+vLLM keeps in checkpoint layout (embeddings, norms), and refuses a reload that vLLM's loader
+reports incomplete (vLLM itself only warns).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fabric_fixtures import DroppingEngine
+
+from periodic_rl.rollout.fingerprint import loaded_fingerprint, weights_fingerprint
+from periodic_rl.rollout.hf_engine import HFEngine
+
+
+def test_loaded_fingerprint_is_the_senders_only_when_everything_landed():
+    sent = {"a": torch.linspace(-1, 1, 6).reshape(2, 3), "b": torch.ones(4)}
+    assert loaded_fingerprint(sent, {k: v.clone() for k, v in sent.items()}) == (
+        weights_fingerprint(sent)
+    )
+    assert loaded_fingerprint(sent, {"a": sent["a"]}) != weights_fingerprint(sent)  # b lost
+    changed = {"a": sent["a"], "b": sent["b"].clone()}
+    changed["b"][0] = 2.0
+    assert loaded_fingerprint(sent, changed) != weights_fingerprint(sent)
+    # Held in another dtype: exactly the received tensor, converted, counts as landed.
+    bf16 = {k: v.to(torch.bfloat16) for k, v in sent.items()}
+    widened = {k: v.float() for k, v in bf16.items()}
+    assert loaded_fingerprint(bf16, widened) == weights_fingerprint(bf16)
+    widened["a"][0, 0] += 2**-20  # no longer the conversion of what was sent
+    assert loaded_fingerprint(bf16, widened) != weights_fingerprint(bf16)
+
+
+def test_hf_engine_reports_the_weights_it_holds(tiny_llama_path, make_trainer):
+    engine = HFEngine(tiny_llama_path)
+    state = make_trainer(tiny_llama_path).state_dict()
+    assert engine.load_weights(state) == weights_fingerprint(state) == engine.fingerprint()
+    # An fp32 engine given bf16 weights holds them exactly (widened): the sender's hash.
+    bf16 = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    assert engine.load_weights(bf16) == weights_fingerprint(bf16)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+def test_hf_engine_that_drops_a_tensor_reports_other_weights(
+    tiny_llama_path, make_trainer, partial
+):
+    engine = DroppingEngine(tiny_llama_path, drop="model.layers.0.self_attn.q_proj.weight")
+    state = make_trainer(tiny_llama_path).state_dict()
+    if partial:
+        state = {k: v for k, v in state.items() if ".layers.0.self_attn." in k}
+    assert engine.load_weights(state, partial=partial) != weights_fingerprint(state)
+    kept = {k: v for k, v in state.items() if k != engine.drop}
+    assert engine.load_weights(kept, partial=True) == weights_fingerprint(kept)  # the rest landed
+
+
+@pytest.mark.vllm
+def test_vllm_reload_that_loses_or_changes_a_tensor_reports_other_weights(
+    vllm_tiny, vllm_tiny_path, make_trainer, monkeypatch
+):
+    from periodic_rl.models import load_causal_lm
+    from periodic_rl.rollout import vllm_worker
+
+    state = make_trainer(vllm_tiny_path).state_dict()
+    expected = weights_fingerprint(state)
+    reload = vllm_worker._reload
+
+    def dropping(name):
+        def faulty(worker, weights, partial):
+            return reload(worker, [(n, t) for n, t in weights if n != name], partial)
+
+        return faulty
+
+    def changing_after_load(worker, weights, partial):
+        result = reload(worker, weights, partial)
+        params = dict(worker.model_runner.get_model().named_parameters())
+        params["model.layers.1.input_layernorm.weight"].data[0] += 1.0
+        return result
+
+    try:
+        assert vllm_tiny.load_weights(state) == expected == vllm_tiny.fingerprint()
+        # q_proj lost between the engine and vLLM's loader: vLLM still reports the fused
+        # qkv_proj loaded (and would keep q's part uninitialised), so only the hash can tell.
+        monkeypatch.setattr(
+            vllm_worker, "_reload", dropping(next(n for n in state if "q_proj" in n))
+        )
+        assert vllm_tiny.load_weights(state) != expected
+        assert vllm_tiny.fingerprint() != expected
+        # A value that did not land in a parameter vLLM keeps as loaded (a norm, read back).
+        monkeypatch.setattr(vllm_worker, "_reload", changing_after_load)
+        assert vllm_tiny.load_weights(state) != expected
+        # A parameter vLLM's loader never received: vLLM warns and goes on; the push fails.
+        monkeypatch.setattr(vllm_worker, "_reload", dropping("model.norm.weight"))
+        with pytest.raises(RuntimeError, match="unloaded: model.norm.weight"):
+            vllm_tiny.load_weights(state)
+    finally:
+        monkeypatch.undo()
+        original = load_causal_lm(vllm_tiny_path, dtype=torch.float32).state_dict()
+        assert vllm_tiny.load_weights(original) == weights_fingerprint(original)  # as before
