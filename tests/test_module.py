@@ -1,9 +1,12 @@
 """RLModule: configuration errors surface before any engine starts, naming the field."""
 
+import threading
+
 import lightning as L
 import pytest
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl.rollout.types import GeneratedGroup
 
 
 @pytest.mark.parametrize(
@@ -23,6 +26,10 @@ from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 def test_bad_config_names_the_field(tiny_llama_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         RLModule(model=tiny_llama_path, **kwargs)
+
+
+def _length(prompts, completions, **columns):
+    return [len(c) / 10 for c in completions]
 
 
 def _wrong_length(prompts, completions, **columns):
@@ -67,3 +74,70 @@ def test_module_without_our_strategy_says_what_to_do(tiny_llama_path):
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, accelerator="cpu")
     with pytest.raises(TypeError, match="PeriodicAsyncStrategy"):
         trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=4, num_val=0))
+
+
+class SlowRollouts:
+    """A rollout fabric stand-in that counts the groups it generates: the first at once, the
+    second after a long generation (30 s; the later ones 0.5 s) that cancelling stops at once.
+    The timeouts only bound how long a broken cancellation takes to fail the test."""
+
+    def __init__(self) -> None:
+        self.generated = 0
+        self.version = 0
+
+    def push_weights(self, state_dict, version, keep=None):
+        self.version = version
+        return "fake-weights"
+
+    def generate(
+        self, jobs, sampling, version, groups_per_call=None, ramp_groups=None, cancel=None
+    ):
+        cancel = cancel if cancel is not None else threading.Event()  # never set
+        for k, job in enumerate(jobs):
+            if k and cancel.wait(timeout=30 if k == 1 else 0.5):
+                return  # cancelled: the rest of the iteration is never generated
+            self.generated += 1
+            yield GeneratedGroup(job.index, [[7, 8, 2]] * job.n, version, "fake-weights", 0, 0)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class AtTheError(L.Callback):
+    """What was still running when Lightning first saw the training step's error."""
+
+    def on_exception(self, trainer, pl_module, exception):
+        rollouts = trainer.strategy.rollouts
+        self.generated = rollouts.generated
+        threads = threading.enumerate()
+        self.producers_alive = [t for t in threads if t.name == "periodic-rl-rollouts"]
+
+
+class LossFails(RLModule):
+    def _backward_micro_batch(self, groups):
+        raise FloatingPointError("the loss failed on the first micro-batch")
+
+
+def test_failing_training_step_stops_the_iteration_generation(tiny_llama_path, monkeypatch):
+    rollouts = SlowRollouts()
+    strategy = PeriodicAsyncStrategy(engine="hf", use_ray=True, overlap=True)
+    monkeypatch.setattr(strategy, "_start_rollouts", lambda model_path: rollouts)
+    module = LossFails(
+        model=tiny_llama_path, num_generations=2, max_new_tokens=4, reward_funcs=[_length]
+    )
+    seen = AtTheError()
+    trainer = L.Trainer(
+        strategy=strategy,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[seen],
+    )
+    groups = 8
+    with pytest.raises(FloatingPointError):
+        trainer.fit(module, datamodule=PromptDataModule(batch_size=groups, num_train=8, num_val=0))
+    # When the error left training_step, the producer had already stopped (the step closed its
+    # micro-batches, which cancelled the stream), having generated only the group the failing
+    # micro-batch held, of the iteration's eight.
+    assert seen.producers_alive == [] and seen.generated == 1
+    assert rollouts.generated == 1

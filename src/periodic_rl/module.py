@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from typing import Any
 
 import lightning as L
@@ -242,10 +242,11 @@ class RLModule(L.LightningModule):
             if self.hparams.scale_rewards == "batch"
             else None,
         )
-        for groups in micro_batches:
-            self._check_on_policy(groups, strategy)
-            stats.add_groups(groups)
-            stats.add_loss(self._backward_micro_batch(groups))
+        with closing(micro_batches):  # on an error, stop the iteration's generation at once
+            for groups in micro_batches:
+                self._check_on_policy(groups, strategy)
+                stats.add_groups(groups)
+                stats.add_loss(self._backward_micro_batch(groups))
 
         self._normalise_gradients(stats.num_sequences, stats.num_tokens)
         if self.hparams.max_grad_norm is not None:

@@ -1,14 +1,20 @@
-"""GroupStream: whole groups in completion order, blocking, closing, producer errors."""
+"""GroupStream: whole groups in completion order, blocking, closing, producer errors, and a
+consumer that cancels (the fabric then stops generating)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
 
 import pytest
 
+from periodic_rl.rollout.fabric import RolloutFabric
+from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream, StreamClosed
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 
 
 @dataclass
@@ -101,3 +107,116 @@ def test_drain_timeout_and_size_function():
     assert stream.drain() == [("c", 1)]
     with pytest.raises(ValueError):
         stream.get_micro_batch(0)
+
+
+# ---- cancellation: the consumer stops early ---------------------------------------------------
+
+
+def test_cancel_drops_queued_groups_and_ignores_later_ones():
+    stream: GroupStream[Group] = GroupStream()
+    stream.put(group(0))
+    stream.put(group(1))
+    stream.cancel()
+    assert stream.cancelled and stream.cancel_event.is_set() and stream.closed
+    assert stream.ready_completions() == 0 and len(stream) == 0
+    assert stream.put(group(2)) is False  # the producer's late groups go nowhere, no error
+    stream.error(RuntimeError("the producer failed after the consumer left"))
+    assert stream.get_micro_batch(1) is None  # nobody is told about it
+    stream.cancel()  # idempotent
+
+
+def test_cancel_wakes_a_waiting_consumer():
+    stream: GroupStream[Group] = GroupStream()
+    got: list = []
+    consumer = threading.Thread(target=lambda: got.append(stream.get_micro_batch(4)))
+    consumer.start()
+    stream.cancel()
+    consumer.join(timeout=30)
+    assert not consumer.is_alive() and got == [None]
+
+
+class FakeRef:
+    def __init__(self, groups):
+        self.groups = groups
+
+
+class FakeRay(types.ModuleType):
+    """Ray's three calls the fabric's generation loop uses, on fake workers: a call completes
+    when it is the oldest in flight (``wait``); ``on_wait`` runs inside each wait."""
+
+    def __init__(self):
+        super().__init__("ray")
+        self.exceptions = types.ModuleType("ray.exceptions")
+        self.exceptions.RayActorError = type("RayActorError", (Exception,), {})
+        self.cancelled: list[FakeRef] = []
+        self.waits = 0
+        self.on_wait = None
+        self.nothing_ready = False
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        self.waits += 1
+        if self.on_wait is not None:
+            self.on_wait()
+        if self.nothing_ready:  # every call still running when the poll times out
+            return [], list(refs)
+        return list(refs[:1]), list(refs[1:])
+
+    def get(self, ref):
+        return ref.groups
+
+    def cancel(self, ref):
+        self.cancelled.append(ref)
+
+
+class CountingWorker:
+    """A worker actor that counts the calls it is sent."""
+
+    def __init__(self):
+        self.calls: list[FakeRef] = []
+        self.generate = types.SimpleNamespace(remote=self._remote)
+
+    def _remote(self, jobs, sampling, version):
+        groups = [
+            GeneratedGroup(job.index, [[1, 2]] * job.n, version, "fp", worker=0, seed=job.seed)
+            for job in jobs
+        ]
+        self.calls.append(FakeRef(groups))
+        return self.calls[-1]
+
+
+@pytest.fixture
+def fake_fabric(monkeypatch):
+    """A started one-worker fabric (one group per call, two calls in flight) on fake Ray."""
+    ray = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.exceptions", ray.exceptions)
+    fabric = RolloutFabric(EngineSpec(kind="hf", model="unused"), 1, groups_per_call=1)
+    worker = CountingWorker()
+    fabric._slots[0].actor = worker
+    fabric._started = True
+    return fabric, worker, ray
+
+
+JOBS = [GroupJob(index=i, prompt_ids=[1], n=2, seed=i) for i in range(8)]
+SAMPLING = SamplingConfig(max_new_tokens=2)
+
+
+def test_cancelled_generate_dispatches_nothing_more_and_drops_what_is_in_flight(fake_fabric):
+    fabric, worker, ray = fake_fabric
+    cancel = threading.Event()
+    groups = fabric.generate(JOBS, SAMPLING, 0, cancel=cancel)
+    assert next(groups).index == 0
+    sent = len(worker.calls)  # two in flight, plus the one that kept the worker busy
+    cancel.set()
+    assert list(groups) == []
+    assert len(worker.calls) == sent < len(JOBS)
+    assert ray.cancelled == worker.calls[1:]  # every call not yet returned
+    assert fabric._slots[0].in_flight == 0  # the next generate starts from an idle worker
+
+
+def test_cancel_during_a_wait_ends_generation_without_a_result(fake_fabric):
+    fabric, worker, ray = fake_fabric
+    cancel = threading.Event()
+    ray.nothing_ready, ray.on_wait = True, cancel.set  # cancelled while every call runs
+    assert list(fabric.generate(JOBS, SAMPLING, 0, cancel=cancel)) == []
+    assert ray.waits == 1 and len(worker.calls) == 2 and ray.cancelled == worker.calls

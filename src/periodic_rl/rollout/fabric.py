@@ -35,6 +35,7 @@ import atexit
 import logging
 import os
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -254,6 +255,7 @@ class RolloutFabric(WeightPushes):
         version: int,
         groups_per_call: int | None = None,
         ramp_groups: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Generate every job on the workers; yield each group once, in completion order.
 
@@ -261,6 +263,12 @@ class RolloutFabric(WeightPushes):
         does not stream, batches whole shares of the jobs per worker). ``ramp_groups`` (the
         groups of one trainer micro-batch) makes the first and last calls that small
         (:func:`plan_calls`).
+
+        Stopping early: once ``cancel`` is set (from any thread) no further call is dispatched
+        and the iterator ends within ``poll_s``; closing the iterator (``.close()``, or leaving
+        a ``for`` loop over it) does the same at once. Either way the calls still in flight
+        are cancelled on their workers (a call already running finishes there, in order, and
+        its result is dropped), so none of them reaches a later ``generate``.
 
         Checks (fabric started, last push good, ``version`` current, unique job indices) run
         at the call, before the first group is asked for.
@@ -274,10 +282,14 @@ class RolloutFabric(WeightPushes):
             raise ValueError("job indices must be unique within one generate call")
         size = groups_per_call or self.groups_per_call
         calls = plan_calls(list(jobs), size, self.num_workers, ramp_groups)
-        return self._generate(calls, sampling, version)
+        return self._generate(calls, sampling, version, cancel or threading.Event())
 
     def _generate(
-        self, calls: list[list[GroupJob]], sampling: SamplingConfig, version: int
+        self,
+        calls: list[list[GroupJob]],
+        sampling: SamplingConfig,
+        version: int,
+        cancel: threading.Event,
     ) -> Iterator[GeneratedGroup]:
         import ray
         from ray.exceptions import RayActorError
@@ -287,13 +299,15 @@ class RolloutFabric(WeightPushes):
         in_flight: dict[Any, Call] = {}
         yielded: set[int] = set()
         try:
-            while pending or in_flight:
+            while (pending or in_flight) and not cancel.is_set():
                 self._dispatch(pending, in_flight, sampling, version)
                 starting = {s.ready: s for s in self._slots if s.ready is not None}
                 waitables = [*in_flight, *starting]
                 ready, _ = ray.wait(waitables, num_returns=1, timeout=self.poll_s)
                 if self._closed:
                     raise RuntimeError("the rollout fabric was shut down during generate")
+                if cancel.is_set():
+                    return  # the finally drops what is in flight
                 if not ready:
                     continue
                 ref = ready[0]
@@ -310,7 +324,8 @@ class RolloutFabric(WeightPushes):
                     continue
                 if call.incarnation == slot.incarnation:
                     slot.in_flight -= 1
-                self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
+                if not cancel.is_set():
+                    self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
                 self._record(groups)
                 for group in groups:
                     if group.index in yielded or group.index not in expected_indices:

@@ -6,8 +6,13 @@ calls :meth:`~GroupStream.put` per finished group and :meth:`~GroupStream.close`
 and back-propagates each micro-batch as soon as it is there. Groups are never split (group
 advantages need the whole group) and leave in the order they arrived, i.e. completion order.
 
+A trainer that stops early (its training step raised) calls :meth:`~GroupStream.cancel`: the
+groups still queued are dropped, later ``put`` calls are ignored, and the producer, which
+watches :attr:`~GroupStream.cancel_event` (and hands it to ``RolloutFabric.generate``), stops
+asking for more groups instead of generating the rest of the iteration.
+
 The stream is generic over its items: anything with a ``completion_ids`` list (``GeneratedGroup``,
-``RolloutGroup``), or any item with a ``size`` function. That, and the four methods, is the whole
+``RolloutGroup``), or any item with a ``size`` function. That, and the five methods, is the whole
 contract, so a distributed store (PipelineRL-style) can stand in for it later.
 """
 
@@ -43,24 +48,29 @@ class GroupStream(Generic[T]):
         self._items: deque[tuple[T, int]] = deque()
         self._ready = 0  # completions in the queue
         self._closed = False
+        self._cancelled = threading.Event()
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self.num_put = 0
         self.num_taken = 0
 
     # ---- producer side ---------------------------------------------------------------------
-    def put(self, item: T) -> None:
-        """Append a finished group (raises :class:`StreamClosed` after close or error)."""
+    def put(self, item: T) -> bool:
+        """Append a finished group; ``False`` (dropped) once the consumer cancelled. Raises
+        :class:`StreamClosed` after close or error."""
         size = int(self._size(item))
         if size < 0:
             raise ValueError(f"item size must be >= 0, got {size}")
         with self._cond:
+            if self._cancelled.is_set():
+                return False
             if self._closed:
                 raise StreamClosed("put() on a closed GroupStream")
             self._items.append((item, size))
             self._ready += size
             self.num_put += 1
             self._cond.notify_all()
+        return True
 
     def close(self) -> None:
         """No more items will come; consumers drain what is left. Idempotent."""
@@ -69,14 +79,35 @@ class GroupStream(Generic[T]):
             self._cond.notify_all()
 
     def error(self, exc: BaseException) -> None:
-        """The producer failed: the consumer's next (or current) get re-raises ``exc``."""
+        """The producer failed: the consumer's next (or current) get re-raises ``exc`` (unless
+        it cancelled)."""
         with self._cond:
-            if self._error is None:
+            if self._error is None and not self._cancelled.is_set():  # nobody reads it then
                 self._error = exc
             self._closed = True
             self._cond.notify_all()
 
     # ---- consumer side ---------------------------------------------------------------------
+    def cancel(self) -> None:
+        """The consumer takes nothing more: drop the queued groups, ignore later ones, and tell
+        the producer to stop (:attr:`cancel_event`). Idempotent; after a normal close it only
+        marks the stream cancelled."""
+        with self._cond:
+            self._cancelled.set()
+            self._closed = True
+            self._items.clear()
+            self._ready = 0
+            self._cond.notify_all()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """Set by :meth:`cancel`; producers poll it (or wait on it) to stop early."""
+        return self._cancelled
+
     @property
     def closed(self) -> bool:
         return self._closed

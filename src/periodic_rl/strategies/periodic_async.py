@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import torch
@@ -252,6 +253,11 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         takes each micro-batch as soon as it is complete, in completion order. Synchronous (or
         when advantages need the whole iteration, ``on_all_scored``): everything is generated
         and scored first.
+
+        Closing this iterator early (the training step raised; ``RLModule`` closes it) cancels
+        the stream: the producer stops dispatching the iteration's remaining calls, the calls
+        in flight are dropped, and the close returns once the producer has stopped, instead of
+        after the whole iteration's generation.
         """
         self.spans.new_iteration(self.policy_version)
         stream = GroupStream()
@@ -276,6 +282,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
                 yield groups
                 self.spans.add("train micro-batch", "trainer", train_start, time.time())
         finally:
+            stream.cancel()  # a no-op once drained; else the producer stops generating
             producer.join()
 
     def _produce(
@@ -287,18 +294,29 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
         on_all_scored: Callable[[list[RolloutGroup]], None] | None,
         micro_batch_size: int,
     ) -> None:
-        """Generate and score the iteration's groups into ``stream`` (runs in its own thread)."""
+        """Generate and score the iteration's groups into ``stream`` (runs in its own thread);
+        stops early when the consumer cancels the stream."""
         group_size = max(1, jobs[0].n) if jobs else 1
         ramp = -(-micro_batch_size // group_size) if self.overlap else None
+        # The Ray fabric watches the cancel event between its worker calls; the in-process
+        # backend generates the iteration in one engine call, with nothing to stop in between.
+        cancel = {"cancel": stream.cancel_event} if self.use_ray else {}
         try:
             held: list[RolloutGroup] = []
-            calls = self.rollouts.generate(jobs, sampling, self.policy_version, ramp_groups=ramp)
-            for generated in calls:
-                group = score(generated)
-                if on_all_scored is None:
-                    stream.put(group)
-                else:
-                    held.append(group)
+            calls = self.rollouts.generate(
+                jobs, sampling, self.policy_version, ramp_groups=ramp, **cancel
+            )
+            with closing(calls):  # leaving early drops the calls still in flight
+                for generated in calls:
+                    if stream.cancelled:
+                        return
+                    group = score(generated)
+                    if on_all_scored is None:
+                        stream.put(group)
+                    else:
+                        held.append(group)
+            if stream.cancelled:
+                return
             if on_all_scored is not None:  # advantages that need every reward of the iteration
                 on_all_scored(held)
                 for group in held:
