@@ -15,8 +15,9 @@ faster workers take more: load balanced by completion, not round robin.
 
 Faults: a worker that dies (``RayActorError``) is replaced by a new actor on the same cores,
 brought to the current weights (fingerprint checked), and its unfinished calls are dispatched
-again with the same seeds. Calls the dead worker had already finished are kept; nothing is lost
-or yielded twice, and the groups equal those of a fault-free run (engines are seeded per group).
+again with the same seeds (counted in ``RolloutFabric.redispatched_calls``). Calls the dead
+worker had already finished are kept; nothing is lost or yielded twice, and the groups equal
+those of a fault-free run (engines are seeded per group).
 
 Ray is started only by :meth:`RolloutFabric.start` (the strategy's setup, never at import),
 locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster (checked
@@ -123,6 +124,7 @@ class RolloutFabric(WeightPushes):
         self.version: int | None = None  # None: the weights the engines were built from
         self.fingerprint: str | None = None
         self.restarts = 0
+        self.redispatched_calls = 0  # calls lost with a dead worker and sent again
         self.timings: dict[str, Any] = {}
         self._pushed: PushedWeights | None = None  # replayed to warm up restarted workers
         self._weights_ok = True
@@ -320,6 +322,7 @@ class RolloutFabric(WeightPushes):
                     groups: list[GeneratedGroup] = ray.get(ref)
                 except RayActorError as error:
                     pending.appendleft(call.jobs)  # same jobs, same seeds, another try
+                    self.redispatched_calls += 1
                     self._restart(slot, call.incarnation, error)
                     continue
                 if call.incarnation == slot.incarnation:
