@@ -155,6 +155,8 @@ class FakeRay(types.ModuleType):
 
     def wait(self, refs, num_returns=1, timeout=None):
         self.waits += 1
+        if self.waits > 100:
+            raise AssertionError("generation kept waiting: the cancellation was not seen")
         if self.on_wait is not None:
             self.on_wait()
         if self.nothing_ready:  # every call still running when the poll times out
