@@ -120,12 +120,11 @@ def in_run_dir(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_reward_model(tmp_path_factory, tiny_llama_path):
     """A random tiny sequence classifier (one label) with the tiny model's tokenizer."""
-    from conftest import tiny_llama_config
-    from transformers import AutoTokenizer, LlamaForSequenceClassification
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny-reward")
-    config = tiny_llama_config(num_labels=1, tie_word_embeddings=False)
+    config = AutoConfig.from_pretrained(tiny_llama_path, num_labels=1, tie_word_embeddings=False)
     LlamaForSequenceClassification(config).save_pretrained(path, safe_serialization=True)
     AutoTokenizer.from_pretrained(tiny_llama_path).save_pretrained(path)
     return str(path)
