@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -214,7 +215,11 @@ def run_tests(tree: Path, tests: tuple[str, ...], stop_early: bool) -> tuple[str
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - began, ""
     seconds = time.monotonic() - began
-    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    errors = [  # why the tests failed
+        line for line in lines if line.startswith("E ") and re.search(r"Error|assert|Failed", line)
+    ][:4]
+    tail = "\n".join(errors + lines[-8:])
     outcome = {0: "passed", 1: "failed", 2: "failed"}.get(done.returncode, "error")
     return outcome, seconds, tail
 
@@ -231,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="run only mutations whose name contains these")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--verbose", action="store_true", help="show how each one was caught")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.names or any(n in m.name for n in args.names)]
     if args.list or not chosen:
@@ -248,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             outcome, seconds, tail = run_tests(tree, present, stop_early=False)
         finally:
             shutil.rmtree(tree, ignore_errors=True)
-        print(f"baseline (unmutated, {len(present)} test ids): {outcome} in {seconds:.0f} s")
+        print(
+            f"baseline (unmutated, {len(present)} test ids): {outcome} in {seconds:.0f} s",
+            flush=True,
+        )
         if outcome != "passed":
             print(tail)
             print("the tests fail without any mutation: fix them first")
@@ -265,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = {"failed": "caught"}.get(outcome, f"NOT caught ({outcome})")
         rows.append((mutation.name, verdict, seconds))
         print(f"{verdict:<24} {seconds:6.0f} s  {mutation.name}", flush=True)
-        if outcome != "failed":
-            print("  " + tail.replace("\n", "\n  "))
+        if outcome != "failed" or args.verbose:
+            print("  " + tail.replace("\n", "\n  "), flush=True)
 
     width = max(len(name) for name, _, _ in rows)
     print(f"\n| {'mutation':<{width}} | {'result':<24} | {'seconds':>7} |")
