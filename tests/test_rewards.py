@@ -12,27 +12,16 @@ COMPLETIONS = ["4", "Hello there, how are you today?", "blue"]
 
 
 @pytest.fixture(scope="module")
-def reward_model_path(tmp_path_factory, smollm2_path):
-    """A randomly initialised tiny LlamaForSequenceClassification (one label), SmolLM2 tokenizer."""
+def reward_model_path(tmp_path_factory, tiny_llama_path):
+    """A randomly initialised tiny LlamaForSequenceClassification (one label): the tiny test
+    model's config and tokenizer with a one-logit head."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        num_labels=1,
-    )
+    config = LlamaConfig.from_pretrained(tiny_llama_path, num_labels=1)
     path = tmp_path_factory.mktemp("tiny-reward")
     LlamaForSequenceClassification(config).save_pretrained(path, safe_serialization=True)
-    AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_llama_path).save_pretrained(path)
     return str(path)
 
 
