@@ -2,11 +2,11 @@
 
 An iteration's completions reach the trainer in micro-batches, in completion order, while other
 groups are still being generated, so the loss normaliser of the whole iteration (its number of
-sequences or tokens) is unknown while gradients are already accumulating. The way out: every micro-batch backpropagates an
-*unnormalised sum*, :func:`loss_numerator`; once the iteration's last micro-batch is in, the
-accumulated gradients are divided once by :func:`loss_denominator`. Gradient accumulation is a
-sum, so the result equals the one-shot loss of :func:`reference_loss` on the whole iteration, for
-any split into micro-batches and any order.
+sequences or tokens) is unknown while gradients are already accumulating. The way out: every
+micro-batch backpropagates an *unnormalised sum*, :func:`loss_numerator`; once the iteration's
+last micro-batch is in, the accumulated gradients are divided once by :func:`loss_denominator`.
+Gradient accumulation is a sum, so the result equals the one-shot loss of :func:`reference_loss`
+on the whole iteration, for any split into micro-batches and any order.
 
 The loss types (TRL 1.16 ``GRPOConfig.loss_type``), with ``l`` the masked per-token loss::
 
