@@ -223,6 +223,13 @@ MUTATIONS: list[Mutation] = [
         new="            )",
         tests=("tests/test_rewards.py",),
     ),
+    Mutation(
+        name="in-process rollouts trust the engine's fingerprint unchecked",
+        file="src/periodic_rl/rollout/local.py",
+        old="        if fingerprint != expected:\n",
+        new="        if False:\n",
+        tests=("tests/rollout/test_local.py",),
+    ),
 ]
 
 

@@ -9,6 +9,7 @@ import torch
 
 from periodic_rl.rollout.adapter import AdapterLoader
 from periodic_rl.rollout.engine import InferenceEngine
+from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 from periodic_rl.rollout.weights import detached_cpu
@@ -34,9 +35,19 @@ class LocalRollouts:
     def push_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None = None
     ) -> str:
-        """Load ``state_dict``; ``keep``: the LoRA-adapted names to keep for :meth:`push_adapter`
-        (see :meth:`RolloutFabric.push_weights <periodic_rl.rollout.fabric.RolloutFabric>`)."""
+        """Load ``state_dict`` and check the engine's fingerprint of what it holds against
+        :func:`weights_fingerprint` of what was sent, as the Ray fabric does (on a mismatch the
+        version stays the old one, so the trainer refuses what the engine generates next).
+        ``keep``: the LoRA-adapted names to keep for :meth:`push_adapter` (see
+        :meth:`RolloutFabric.push_weights <periodic_rl.rollout.fabric.RolloutFabric>`)."""
         fingerprint = self.engine.load_weights(state_dict)
+        expected = weights_fingerprint(detached_cpu(state_dict))
+        if fingerprint != expected:
+            raise RuntimeError(
+                f"weight push (version {version}) failed: the engine reports fingerprint "
+                f"{fingerprint} of what it holds after loading, expected {expected} (the weights "
+                "sent); it would generate with other weights than the policy's"
+            )
         self._adapter.keep_base(self.engine, state_dict, keep, fingerprint)
         self.fingerprint, self.version = fingerprint, version
         return fingerprint
