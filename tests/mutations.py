@@ -99,17 +99,17 @@ MUTATIONS: list[Mutation] = [
         file="src/periodic_rl/rollout/hf_engine.py",
         old="loaded_fingerprint(state_dict, {n: held[n] for n in state_dict if n in held})",
         new="weights_fingerprint(state_dict)",
-        tests=("tests/rollout/test_fingerprint.py",),
+        tests=("tests/rollout/test_engine_fingerprints.py",),
     ),
     Mutation(
         name="vLLM worker fingerprints what it received, not what its loader took in",
         file="src/periodic_rl/rollout/vllm_worker.py",
         old="    return loaded_fingerprint(received, held)\n",
         new=(
-            "    from periodic_rl.rollout.fingerprint import weights_fingerprint\n\n"
+            "    from periodic_rl.weight_sync.fingerprint import weights_fingerprint\n\n"
             "    return weights_fingerprint(received)\n"
         ),
-        tests=("tests/rollout/test_fingerprint.py",),
+        tests=("tests/rollout/test_engine_fingerprints.py",),
     ),
     Mutation(
         name="training ignores the sampling temperature",

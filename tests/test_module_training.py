@@ -8,7 +8,7 @@ import torch
 from rl_helpers import ORDER_TOLERANCE, max_diff, train
 
 from periodic_rl import RLModule
-from periodic_rl.rollout.fingerprint import weights_fingerprint
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 

@@ -16,7 +16,7 @@ from periodic_rl.attention import completion_logprobs
 from periodic_rl.models import load_causal_lm
 from periodic_rl.rollout.hf_engine import HFEngine
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-from periodic_rl.weights import policy_state_dict
+from periodic_rl.weight_sync.export import policy_state_dict
 
 T = 0.7
 ATOL = 1e-5

@@ -26,7 +26,6 @@ from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.config_checks import check_module_config
 from periodic_rl.evaluation import HeldOutEvaluation
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
-from periodic_rl.lora_push import lora_adapter_payload
 from periodic_rl.models import load_tokenizer, resolve_model
 from periodic_rl.module_setup import (
     build_scorer,
@@ -37,7 +36,11 @@ from periodic_rl.module_setup import (
 )
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
-from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+from periodic_rl.weight_sync.export import (
+    lora_adapter_payload,
+    lora_base_state_dict,
+    policy_state_dict,
+)
 
 
 class StaleRolloutError(RuntimeError):
@@ -205,7 +208,8 @@ class RLModule(L.LightningModule):
 
     def rollout_adapter(self) -> dict[str, torch.Tensor] | None:
         """Only the LoRA factors, merged by the rollouts into their base (``None``: no LoRA, or
-        one :mod:`periodic_rl.lora_push` cannot merge; :meth:`rollout_state_dict` is pushed)."""
+        one :mod:`periodic_rl.weight_sync.merge` cannot merge; :meth:`rollout_state_dict` is
+        pushed)."""
         return lora_adapter_payload(self.policy)
 
     def rollout_base_state_dict(self) -> dict[str, torch.Tensor]:

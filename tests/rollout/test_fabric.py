@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
 from periodic_rl.rollout.worker import descendants
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 ray = pytest.importorskip("ray")
 
@@ -185,9 +185,14 @@ def test_fingerprint_mismatch_raises(tiny_llama_path, kind):
 def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(fabric2, reference):
     from lora_helpers import peft_policy
 
-    from periodic_rl.lora_push import adapted_names, lora_adapter_payload, payload_bytes
-    from periodic_rl.rollout.fingerprint import adapter_fingerprint
-    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+    from periodic_rl.weight_sync.export import (
+        adapted_names,
+        lora_adapter_payload,
+        lora_base_state_dict,
+        payload_bytes,
+        policy_state_dict,
+    )
+    from periodic_rl.weight_sync.fingerprint import adapter_fingerprint
 
     jobs = make_jobs(6)
     version = (fabric2.version or 0) + 1
@@ -216,8 +221,11 @@ def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(fabric2,
 def test_adapter_push_mismatch_raises(tiny_llama_path):
     from lora_helpers import peft_policy
 
-    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
-    from periodic_rl.weights import lora_base_state_dict
+    from periodic_rl.weight_sync.export import (
+        adapted_names,
+        lora_adapter_payload,
+        lora_base_state_dict,
+    )
 
     policy = peft_policy(tiny_llama_path)
     payload = lora_adapter_payload(policy)

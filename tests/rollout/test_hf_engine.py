@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0)
 
@@ -90,10 +90,14 @@ def test_lora_adapter_pushes_land(hf_tiny, vllm_tiny_path, fixed_ids, ref_logpro
     are the trainer's, and its weights are ``policy_state_dict``'s bit for bit."""
     from lora_helpers import peft_policy, sgd_step
 
-    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
-    from periodic_rl.rollout.adapter import AdapterLoader
-    from periodic_rl.rollout.fingerprint import adapter_fingerprint
-    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+    from periodic_rl.weight_sync.export import (
+        adapted_names,
+        lora_adapter_payload,
+        lora_base_state_dict,
+        policy_state_dict,
+    )
+    from periodic_rl.weight_sync.fingerprint import adapter_fingerprint
+    from periodic_rl.weight_sync.merge import AdapterLoader
 
     policy = peft_policy(vllm_tiny_path)
     names = adapted_names(lora_adapter_payload(policy))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fabric_fixtures import DroppingEngine
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.hf_engine import HFEngine
 from periodic_rl.rollout.local import LocalRollouts
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 
 def test_verified_push_stamps_the_groups(tiny_llama_path, make_trainer):

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 pytestmark = pytest.mark.vllm
 
@@ -108,9 +108,13 @@ def test_adapter_push_equals_a_full_merged_push(vllm_tiny, vllm_tiny_path, fixed
     log-probs equal those after a full merged push."""
     from lora_helpers import peft_policy
 
-    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
-    from periodic_rl.rollout.adapter import AdapterLoader
-    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+    from periodic_rl.weight_sync.export import (
+        adapted_names,
+        lora_adapter_payload,
+        lora_base_state_dict,
+        policy_state_dict,
+    )
+    from periodic_rl.weight_sync.merge import AdapterLoader
 
     policy = peft_policy(vllm_tiny_path, target_modules=["q_proj", "v_proj", "up_proj"])
     payload = lora_adapter_payload(policy)

@@ -1,4 +1,4 @@
-"""RolloutWorker used in-process (no Ray), the weights payload, EngineSpec, process helpers."""
+"""RolloutWorker used in-process (no Ray), EngineSpec, process helpers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
 from periodic_rl.rollout.worker import (
@@ -18,10 +17,10 @@ from periodic_rl.rollout.worker import (
     StaleWeightsError,
     cpu_list,
     descendants,
-    from_payload,
     shm_files,
-    to_payload,
 )
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
+from periodic_rl.weight_sync.transport import to_payload
 
 SAMPLING = SamplingConfig(max_new_tokens=6)
 
@@ -50,29 +49,6 @@ def test_engine_spec_copies_kwargs():
     spec = EngineSpec("hf", "m", kwargs)
     kwargs["dtype"] = "bfloat16"
     assert spec.kwargs == {"dtype": "float32"}
-
-
-# ---- weights payload --------------------------------------------------------------------------
-def test_payload_round_trip_without_copies():
-    state = {
-        "a": torch.randn(3, 4),
-        "b": torch.randn(5).to(torch.bfloat16),
-        "c": torch.randn(4, 3).t(),  # non-contiguous: made contiguous once
-        "d": torch.arange(6, dtype=torch.int64),
-    }
-    state["tied"] = state["a"]  # tied weights travel once
-    payload = to_payload(state)
-    assert payload["dtypes"] == {"b": "bfloat16"}
-    assert payload["aliases"] == {"tied": "a"} and "tied" not in payload["arrays"]
-    assert payload["arrays"]["a"].ctypes.data == state["a"].data_ptr()  # a view, not a copy
-    back = from_payload(payload)
-    assert {k: v.dtype for k, v in back.items()} == {k: v.dtype for k, v in state.items()}
-    assert back["a"].data_ptr() == state["a"].data_ptr() == back["tied"].data_ptr()
-    assert list(back) == [*[k for k in state if k != "tied"], "tied"]
-    assert weights_fingerprint(back) == weights_fingerprint(state)
-    # What travels through Ray is a pickle (protocol 5 keeps the buffers out of band).
-    again = from_payload(pickle.loads(pickle.dumps(payload, protocol=5)))
-    assert weights_fingerprint(again) == weights_fingerprint(state)
 
 
 def test_cpu_list():
@@ -128,9 +104,13 @@ def test_worker_loads_weights_and_refuses_other_versions(worker, tiny_llama_path
 def test_worker_adapter_push_merges_into_the_kept_base(worker, tiny_llama_path):
     from lora_helpers import peft_policy
 
-    from periodic_rl.lora_push import adapted_names, lora_adapter_payload
-    from periodic_rl.rollout.fingerprint import adapter_fingerprint
-    from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+    from periodic_rl.weight_sync.export import (
+        adapted_names,
+        lora_adapter_payload,
+        lora_base_state_dict,
+        policy_state_dict,
+    )
+    from periodic_rl.weight_sync.fingerprint import adapter_fingerprint
 
     policy = peft_policy(tiny_llama_path)
     payload = lora_adapter_payload(policy)

@@ -17,7 +17,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from periodic_rl.callbacks._common import atomic_directory, run_dir
-from periodic_rl.weights import policy_state_dict
+from periodic_rl.weight_sync.export import policy_state_dict
 
 MERGED_SUBDIR = "merged"
 
@@ -47,9 +47,9 @@ def _inference_config(config: Any) -> Iterator[None]:
 def save_merged(policy: Any, tokenizer: Any, path: Path) -> Path:
     """Write a LoRA policy's merged weights as a plain transformers model folder.
 
-    The weights are :func:`periodic_rl.weights.policy_state_dict`, the very tensors the rollout
-    engines are given (``W + delta`` computed out of place: the training model is not merged and
-    unmerged, and no second model is built).
+    The weights are :func:`periodic_rl.weight_sync.export.policy_state_dict`, the very tensors
+    the rollout engines are given (``W + delta`` computed out of place: the training model is
+    not merged and unmerged, and no second model is built).
     """
     base = policy.get_base_model()
     path.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ class InferenceEngine(ABC):
         known to the model and cover every name :meth:`partial_load_names` asks for; the others
         keep their values. An engine written before partial loads (no ``partial`` argument)
         still works: workers then push it full state dicts (see
-        :mod:`periodic_rl.rollout.adapter`)."""
+        :mod:`periodic_rl.weight_sync.merge`)."""
 
     def partial_load_names(self, names: set[str]) -> set[str]:
         """The names a partial load touching ``names`` must carry: ``names`` themselves, plus

@@ -17,9 +17,9 @@ import torch
 from transformers import LogitsProcessor
 
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
-from periodic_rl.rollout.fingerprint import loaded_fingerprint, weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-from periodic_rl.rollout.weights import WeightNames
+from periodic_rl.weight_sync.fingerprint import loaded_fingerprint, weights_fingerprint
+from periodic_rl.weight_sync.names import WeightNames
 
 _DTYPES = {
     "float32": torch.float32,

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import torch
 
-from periodic_rl.rollout.adapter import AdapterLoader
 from periodic_rl.rollout.engine import InferenceEngine
-from periodic_rl.rollout.fingerprint import weights_fingerprint
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
-from periodic_rl.rollout.weights import detached_cpu
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
+from periodic_rl.weight_sync.merge import AdapterLoader
+from periodic_rl.weight_sync.names import detached_cpu
 
 
 class LocalRollouts:
@@ -54,7 +54,7 @@ class LocalRollouts:
 
     def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
         """Merge a LoRA adapter payload into the kept base and load it (as the fabric's
-        workers do); returns :func:`~periodic_rl.rollout.fingerprint.adapter_fingerprint`."""
+        workers do); returns :func:`~periodic_rl.weight_sync.fingerprint.adapter_fingerprint`."""
         self.fingerprint = self._adapter.load(self.engine, detached_cpu(adapter))  # CPU merge
         self.version = version
         return self.fingerprint

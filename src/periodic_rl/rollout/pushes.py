@@ -2,10 +2,11 @@
 
 A full push sends a state dict (one ``ray.put``) that every worker loads and fingerprints; with
 ``keep`` (the LoRA-adapted names) the workers also keep their base weights, and from then on
-:meth:`WeightPushes.push_adapter` sends only the adapter factors (:mod:`periodic_rl.lora_push`),
-which every worker merges into its kept base (:mod:`periodic_rl.rollout.adapter`). Either way
-every worker's reported fingerprint is checked against the one computed here, and a worker that
-dies during a push is restarted straight onto the pushed weights (base and adapter replayed).
+:meth:`WeightPushes.push_adapter` sends only the adapter factors
+(:func:`~periodic_rl.weight_sync.export.lora_adapter_payload`), which every worker merges into
+its kept base (:mod:`periodic_rl.weight_sync.merge`). Either way every worker's reported
+fingerprint is checked against the one computed here, and a worker that dies during a push is
+restarted straight onto the pushed weights (base and adapter replayed).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from periodic_rl.rollout.fabric_state import PushedWeights, Slot
-from periodic_rl.rollout.fingerprint import adapter_fingerprint, weights_fingerprint
-from periodic_rl.rollout.worker import to_payload
+from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
+from periodic_rl.weight_sync.transport import to_payload
 
 if TYPE_CHECKING:
     from periodic_rl.rollout.timing import SpanRecorder
@@ -94,9 +95,9 @@ class WeightPushes:
         return expected
 
     def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
-        """Send only a LoRA adapter payload (:mod:`periodic_rl.lora_push`); every worker merges
-        it into the base of the last :meth:`push_weights` (which must have had ``keep``) and is
-        checked against :func:`adapter_fingerprint`, which is returned."""
+        """Send only a LoRA adapter payload (:mod:`periodic_rl.weight_sync.export`); every worker
+        merges it into the base of the last :meth:`push_weights` (which must have had ``keep``)
+        and is checked against :func:`adapter_fingerprint`, which is returned."""
         import ray
 
         self._require_started()

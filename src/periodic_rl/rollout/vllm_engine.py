@@ -47,9 +47,9 @@ import torch
 
 from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
-from periodic_rl.rollout.fingerprint import combined_fingerprint, weights_fingerprint
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-from periodic_rl.rollout.weights import (
+from periodic_rl.weight_sync.fingerprint import combined_fingerprint, weights_fingerprint
+from periodic_rl.weight_sync.names import (
     WeightNames,
     detached_cpu,
     fused_groups,

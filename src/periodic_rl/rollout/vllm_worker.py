@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from periodic_rl.rollout.fingerprint import loaded_fingerprint
+from periodic_rl.weight_sync.fingerprint import loaded_fingerprint
 
 
 def load_weights(worker: Any, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:

@@ -6,9 +6,8 @@ neither torch nor vLLM at the top: a worker must pin its CPU cores and set its t
 environment variables *before* those libraries start their thread pools (an unpinned worker and
 trainer on the same cores both ran 2-3x slower; docs/troubleshooting.md, "Cores and memory").
 
-Weights arrive as one Ray object holding a dict of numpy arrays (see :func:`to_payload`):
-``ray.put`` of numpy views is ~6x faster than of torch tensors, and every worker on a node reads
-the same shared-memory copy, turned back into tensors without copying (:func:`from_payload`).
+Weights arrive as one Ray object holding a dict of numpy arrays, which every worker on a node
+reads from the same shared-memory copy (:mod:`periodic_rl.weight_sync.transport`).
 """
 
 from __future__ import annotations
@@ -17,17 +16,15 @@ import os
 import signal
 import socket
 import time
-import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.weight_sync.transport import from_payload
 
 if TYPE_CHECKING:
-    import torch
-
     from periodic_rl.rollout.engine import InferenceEngine
 
 __all__ = [
@@ -36,9 +33,7 @@ __all__ = [
     "RolloutWorker",
     "StaleWeightsError",
     "cpu_list",
-    "from_payload",
     "remote_worker",
-    "to_payload",
 ]
 
 # Default vLLM CPU settings (docs/troubleshooting.md): don't keep a core idle, let collective_rpc
@@ -48,67 +43,9 @@ VLLM_ENV_DEFAULTS = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 
-# numpy has no bfloat16: such tensors travel as int16 bit patterns and are viewed back.
-_VIEW_AS_INT16 = ("bfloat16",)
-
 
 class StaleWeightsError(RuntimeError):
     """A worker was asked to generate for a policy version other than the one it holds."""
-
-
-# ---- weights transport ------------------------------------------------------------------------
-def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``state_dict`` as numpy views (no copy for contiguous CPU tensors) for one ``ray.put``.
-
-    Names that share one tensor (tied embeddings: ``lm_head.weight`` is
-    ``model.embed_tokens.weight``) travel once and are re-tied on arrival (``aliases``).
-    """
-    import torch
-
-    arrays: dict[str, Any] = {}
-    dtypes: dict[str, str] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach()
-        if tensor.device.type == "cpu" and tensor.numel():
-            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-            if key in seen:
-                aliases[name] = seen[key]
-                continue
-            seen[key] = name
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        tensor = tensor.contiguous()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype in _VIEW_AS_INT16:
-            tensor = tensor.view(torch.int16)
-            dtypes[name] = dtype
-        arrays[name] = tensor.numpy()
-    return {"arrays": arrays, "dtypes": dtypes, "aliases": aliases}
-
-
-def from_payload(payload: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Tensors sharing memory with the payload's (read-only, shared-memory) numpy arrays.
-
-    Engines must copy what they keep (both built-in engines do): a tensor kept alive here keeps
-    the whole Ray object pinned in the object store.
-    """
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
-    dtypes = payload.get("dtypes", {})
-    with warnings.catch_warnings():
-        # Arrays from the object store are read-only; the engines only read them.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for name, array in payload["arrays"].items():
-            tensor = torch.from_numpy(array)
-            if name in dtypes:
-                tensor = tensor.view(getattr(torch, dtypes[name]))
-            tensors[name] = tensor
-    for name, target in payload.get("aliases", {}).items():
-        tensors[name] = tensors[target]
-    return tensors
 
 
 # ---- CPU placement ----------------------------------------------------------------------------
@@ -312,7 +249,7 @@ class RolloutWorker:
         self.engine: InferenceEngine | None = spec.build()
         self.version: int | None = None  # None: the weights the engine was built from
         self._fingerprint = self.engine.fingerprint()
-        from periodic_rl.rollout.adapter import AdapterLoader  # imports torch: after pinning
+        from periodic_rl.weight_sync.merge import AdapterLoader  # imports torch: after pinning
 
         self._adapter = AdapterLoader()
         self.startup_s = time.time() - started
@@ -387,10 +324,11 @@ class RolloutWorker:
         """Load new weights; returns the fingerprint the engine computed of what it received.
 
         ``weights`` is ``[ref]``, a one-element list holding the Ray object reference of a
-        :func:`to_payload` dict (wrapped so that Ray hands over the reference rather than the
-        value; the worker fetches it from the shared object store itself), or the payload dict.
+        :func:`~periodic_rl.weight_sync.transport.to_payload` dict (wrapped so that Ray hands
+        over the reference rather than the value; the worker fetches it from the shared object
+        store itself), or the payload dict.
         ``keep``: the LoRA-adapted names, whose base weights this worker keeps for later
-        :meth:`load_adapter` calls (:class:`~periodic_rl.rollout.adapter.AdapterLoader`).
+        :meth:`load_adapter` calls (:class:`~periodic_rl.weight_sync.merge.AdapterLoader`).
         """
         engine = self._engine()
         started = time.time()
@@ -404,9 +342,10 @@ class RolloutWorker:
         return fingerprint
 
     def load_adapter(self, adapter: Any, version: int) -> str:
-        """Merge a LoRA adapter payload (:mod:`periodic_rl.lora_push`; passed like ``weights``
-        of :meth:`load_weights`) into the kept base weights and load the merged ones; returns
-        the :func:`~periodic_rl.rollout.fingerprint.adapter_fingerprint` it computed."""
+        """Merge a LoRA adapter payload (:mod:`periodic_rl.weight_sync.merge`; passed like
+        ``weights`` of :meth:`load_weights`) into the kept base weights and load the merged
+        ones; returns the :func:`~periodic_rl.weight_sync.fingerprint.adapter_fingerprint` it
+        computed."""
         engine = self._engine()
         started = time.time()
         payload = from_payload(_fetch(adapter))

@@ -19,11 +19,11 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy, StrategyRegistry
 
 from periodic_rl.checkpoint import AtomicCheckpointIO
-from periodic_rl.lora_push import adapted_names
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+from periodic_rl.weight_sync.export import adapted_names
 
 ScoreFn = Callable[[GeneratedGroup], RolloutGroup]
 
@@ -54,7 +54,7 @@ class PeriodicAsyncStrategy(SingleDeviceStrategy):
             strategies are planned); the rollout workers take their own GPUs through Ray
             (``gpus_per_worker``).
         adapter_pushes: with LoRA, push the base weights once and then only the adapter
-            factors, which the workers merge themselves (:mod:`periodic_rl.lora_push`);
+            factors, which the workers merge themselves (:mod:`periodic_rl.weight_sync.merge`);
             ``False`` pushes the full merged weights every iteration.
     """
 

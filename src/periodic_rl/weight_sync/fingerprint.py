@@ -33,7 +33,7 @@ def combined_fingerprint(*parts: str) -> str:
 
 def adapter_fingerprint(base_fingerprint: str, adapter: Mapping[str, torch.Tensor]) -> str:
     """The fingerprint of base weights with a LoRA adapter payload merged in
-    (:mod:`periodic_rl.lora_push`): computed by the trainer from what it sends and by every
+    (:mod:`periodic_rl.weight_sync.merge`): computed by the trainer from what it sends and by every
     worker from what it received, so a worker that merged another adapter, or into another
     base, reports a different string. The merge itself is deterministic code on both sides."""
     return combined_fingerprint("lora-adapter", base_fingerprint, weights_fingerprint(adapter))

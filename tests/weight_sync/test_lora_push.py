@@ -6,16 +6,17 @@ import pytest
 import torch
 from lora_helpers import QV, peft_policy
 
-from periodic_rl.lora_push import (
+from periodic_rl.weight_sync.export import (
     A_SUFFIX,
     SCALE_SUFFIX,
     adapted_names,
     lora_adapter_payload,
-    merge_lora,
+    lora_base_state_dict,
     payload_bytes,
+    policy_state_dict,
 )
-from periodic_rl.rollout.fingerprint import adapter_fingerprint, weights_fingerprint
-from periodic_rl.weights import lora_base_state_dict, policy_state_dict
+from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
+from periodic_rl.weight_sync.merge import merge_lora
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
