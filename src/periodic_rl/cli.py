@@ -11,8 +11,8 @@ from lightning.pytorch.cli import LightningCLI
 from periodic_rl.data import PromptDataModule
 from periodic_rl.module import RLModule
 
-# Importing the strategy registers its name, so ``trainer.strategy: periodic_async`` works too.
-from periodic_rl.strategies.periodic_async import PeriodicAsyncStrategy
+# Importing the strategies registers their names (``trainer.strategy: periodic_async_ddp``).
+from periodic_rl.strategies import PeriodicAsyncStrategy
 
 
 class PeriodicRLCLI(LightningCLI):

@@ -36,6 +36,8 @@ from periodic_rl.module_setup import (
 )
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
+from periodic_rl.sharding import shard_policy
+from periodic_rl.strategies.protocol import RolloutStrategy
 from periodic_rl.weight_sync.export import (
     lora_adapter_payload,
     lora_base_state_dict,
@@ -161,6 +163,8 @@ class RLModule(L.LightningModule):
         if self.policy is None:
             self.tokenizer = load_tokenizer(self.model_path)
             self.policy, self.reference = load_policy(self.model_path, self.hparams)
+            if self.device_mesh is not None:  # periodic_async_fsdp (ModelParallelStrategy)
+                shard_policy(self.policy, self.device_mesh["data_parallel"])
 
     def setup(self, stage: str) -> None:
         """Build the scorer and check the rewards on a real row before any engine starts."""
@@ -219,10 +223,12 @@ class RLModule(L.LightningModule):
     # ---- one RL iteration -----------------------------------------------------------------
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
         """Generate, score and back-propagate the iteration's groups as they stream in; step."""
-        strategy = self._rollout_strategy()
+        strategy = self.rollout_strategy()
         optimizer = self.optimizers()
         iteration = self.trainer.global_step
-        prompt_ids = [self.encode_prompt(row["prompt"]) for row in batch]
+        share = strategy.share_prompts(batch)  # every rank's prompts; rank 0 generates them all
+        rows = share.rows
+        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
         jobs = [
             GroupJob(
                 index=i,
@@ -234,11 +240,12 @@ class RLModule(L.LightningModule):
         ]
 
         def score(generated):  # runs off the trainer's critical path in overlapped mode
-            return self.scorer.score(generated, batch[generated.index], prompt_ids[generated.index])
+            return self.scorer.score(generated, rows[generated.index], prompt_ids[generated.index])
 
         stats = IterationStats(started=time.perf_counter())
         micro_batches = strategy.rollout_micro_batches(
             jobs,
+            share.owners,
             self.sampling,
             score,
             micro_batch_size=self.micro_batch_size,
@@ -252,7 +259,7 @@ class RLModule(L.LightningModule):
                 stats.add_groups(groups)
                 stats.add_loss(self._backward_micro_batch(groups))
 
-        self._normalise_gradients(stats.num_sequences, stats.num_tokens)
+        self._normalise_gradients(strategy, optimizer, stats.num_sequences, stats.num_tokens)
         if self.hparams.max_grad_norm is not None:
             self.clip_gradients(optimizer, self.hparams.max_grad_norm, "norm")
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
@@ -300,25 +307,26 @@ class RLModule(L.LightningModule):
         out["loss_sum"] = float(numerator.detach())
         return out
 
-    def _normalise_gradients(self, num_sequences: int, num_tokens: int) -> None:
-        """Divide the summed gradients by the whole iteration's normaliser (tokens or sequences),
-        so that the update does not depend on how the iteration was split into micro-batches."""
-        if self.hparams.loss_type == "dapo":
-            num_tokens = int(
-                self.trainer.strategy.reduce(torch.tensor(float(num_tokens)), reduce_op="sum")
-            )
+    def _normalise_gradients(
+        self, strategy: RolloutStrategy, optimizer: Any, num_sequences: int, num_tokens: int
+    ) -> None:
+        """Divide the summed gradients by the whole iteration's normaliser (its sequences or
+        tokens over every rank), so that the update does not depend on how the iteration was
+        split into micro-batches, nor over how many ranks."""
+        counts = torch.tensor([float(num_sequences), float(num_tokens)], device=self.device)
+        num_sequences, num_tokens = (
+            int(c) for c in self.trainer.strategy.reduce(counts, reduce_op="sum")
+        )
         denominator = loss_denominator(
             self.hparams.loss_type,
             num_sequences,
             num_tokens,
             self.hparams.max_new_tokens,
-            world_size=self.trainer.world_size,  # DDP averages gradients over ranks
+            world_size=self.trainer.world_size,  # the training strategy averages over ranks
         )
-        for param in self.policy.parameters():
-            if param.grad is not None:
-                param.grad.div_(denominator)
+        strategy.divide_gradients(optimizer, denominator)
 
-    def _check_on_policy(self, groups: list[RolloutGroup], strategy: Any) -> None:
+    def _check_on_policy(self, groups: list[RolloutGroup], strategy: RolloutStrategy) -> None:
         for group in groups:
             if (
                 group.version != strategy.policy_version
@@ -334,18 +342,21 @@ class RLModule(L.LightningModule):
     def _reference_model(self) -> Any:
         return reference_model(self.policy, self.reference, self.hparams.lora is not None)
 
-    def _rollout_strategy(self) -> Any:
+    def rollout_strategy(self) -> RolloutStrategy:
+        """The trainer's strategy, which must own the rollout side."""
         strategy = self.trainer.strategy
-        if not hasattr(strategy, "rollout_micro_batches"):
+        if not isinstance(strategy, RolloutStrategy):
             raise TypeError(
-                "RLModule needs Trainer(strategy=PeriodicAsyncStrategy(...)) (or "
-                "`strategy: periodic_async` in YAML): the strategy owns the rollout workers"
+                f"RLModule needs a periodic-async strategy, got {type(strategy).__name__}: "
+                "Trainer(strategy=PeriodicAsyncStrategy(...)) (or `strategy: periodic_async` in "
+                "YAML; periodic_async_ddp / _fsdp / _deepspeed_stage_2 for several devices): "
+                "the strategy owns the rollout workers"
             )
         return strategy
 
     # ---- held-out evaluation: Lightning validation (periodic_rl.evaluation) -------------------
     def on_train_start(self) -> None:
-        self._rollout_strategy().sync_version(self.trainer.global_step)  # resumed runs
+        self.rollout_strategy().sync_version(self.trainer.global_step)  # resumed runs
         if self.hparams.eval_at_start:
             self.held_out.at_train_start(self.trainer)
 

@@ -143,7 +143,8 @@ def test_denominator_values():
     assert loss_denominator("bnpo", 10, 37, 8) == 37.0
     assert loss_denominator("dapo", 10, 37, 8) == 37.0
     assert loss_denominator("dapo", 10, 80, 8, world_size=4) == 20.0  # TRL: N / num_processes
-    assert loss_denominator("bnpo", 10, 80, 8, world_size=4) == 80.0  # per-process mean
+    assert loss_denominator("bnpo", 10, 80, 8, world_size=4) == 20.0  # global token mean
+    assert loss_denominator("grpo", 40, 80, 8, world_size=4) == 10.0  # global sequence mean
     assert loss_denominator("dr_grpo", 10, 37, 8) == 80.0
     assert loss_denominator("bnpo", 3, 0, 8) == 1.0  # no tokens: clamp, as TRL
 

@@ -172,21 +172,13 @@ def test_two_ranks_with_gradient_averaging(loss_type: str):
     ranks = [torch.arange(0, 5), torch.arange(5, 10)]
     splits = [[2, 3], [4, 1]]
     runs = [stream(d, loss_type, 0.05, chunked(r, s)) for r, s in zip(ranks, splits, strict=True)]
-    global_tokens = sum(run[3] for run in runs)  # the caller's all-reduce (sum) of token counts
-    per_rank = []
-    for grads_r, _, seqs, toks, _ in runs:
-        counted = global_tokens if loss_type == "dapo" else toks
-        den = loss_denominator(loss_type, seqs, counted, MAX_NEW, world_size=2)
-        per_rank.append([g / den for g in grads_r])
+    # the caller's all-reduce (sum) of the counts
+    global_seqs = sum(run[2] for run in runs)
+    global_tokens = sum(run[3] for run in runs)
+    den = loss_denominator(loss_type, global_seqs, global_tokens, MAX_NEW, world_size=2)
+    per_rank = [[g / den for g in run[0]] for run in runs]
     averaged = [(a + b) / 2 for a, b in zip(*per_rank, strict=True)]
-    if loss_type == "bnpo":
-        # per-process token mean, as TRL: the average of the two ranks' one-shot losses
-        g0, _ = reference_grads(d, loss_type, 0.05, ranks[0])
-        g1, _ = reference_grads(d, loss_type, 0.05, ranks[1])
-        expected = [(a + b) / 2 for a, b in zip(g0, g1, strict=True)]
-    else:
-        # dapo: the global token mean; grpo, dr_grpo: equal sequences per rank -> global mean
-        expected, _ = reference_grads(d, loss_type, 0.05)
+    expected, _ = reference_grads(d, loss_type, 0.05)  # every type: the one-batch loss
     assert_grads_equal(averaged, expected)
 
 

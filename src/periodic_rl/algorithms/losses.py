@@ -171,23 +171,24 @@ def loss_denominator(
 
     Args:
         loss_type: one of :data:`LOSS_TYPES`.
-        num_sequences: completions this process trained on in the iteration.
-        num_tokens: completion tokens (mask sum) of the iteration: this process's own for
-            ``bnpo``; for ``dapo`` the total over *all* processes: the caller all-reduces (sums)
-            the per-process counts before calling. Clamped to at least 1, as TRL does.
+        num_sequences: completions of the whole iteration, over *all* processes (the caller
+            all-reduces, sums, the per-process counts).
+        num_tokens: completion tokens (mask sum) of the whole iteration, over all processes.
+            Clamped to at least 1, as TRL does.
         max_new_tokens: the completion length cap (TRL's ``max_completion_length``), ``dr_grpo``.
-        world_size: only for ``dapo``: the number of processes whose gradients are *averaged*
-            afterwards (DDP's all-reduce mean). The result is then ``num_tokens / world_size``,
-            exactly TRL's ``num_items_in_batch / num_processes``, so that after the averaging
-            the gradient is the global token mean. Leave it 1 on one process, or when the
-            gradient reduction sums.
+        world_size: the number of processes whose gradients are *averaged* afterwards (DDP's
+            all-reduce mean, FSDP's reduce-scatter mean). The result is divided by it, so that
+            after the averaging the gradient is the one of the whole iteration's loss. Leave it
+            1 on one process, or when the gradient reduction sums.
 
     Returns:
-        ``grpo``: ``num_sequences``; ``bnpo``: ``num_tokens``; ``dapo``: ``num_tokens /
-        world_size``; ``dr_grpo``: ``num_sequences * max_new_tokens``.
+        ``grpo``: ``num_sequences``; ``bnpo`` and ``dapo``: ``num_tokens``; ``dr_grpo``:
+        ``num_sequences * max_new_tokens``; each divided by ``world_size``.
 
-    The other types are per-process means, as in TRL: under DDP each rank normalises by its own
-    counts and the gradient average over ranks is the mean of the ranks' losses.
+    Every type is the loss of the whole iteration as one batch, whatever the number of
+    processes (for ``dapo`` this is TRL's ``num_items_in_batch / num_processes``; for ``bnpo``
+    TRL normalises each process by its own tokens, which is the one-batch loss on one process
+    only: here N ranks equal one rank).
     """
     check_loss_type(loss_type)
     if world_size < 1:
@@ -195,13 +196,12 @@ def loss_denominator(
     if loss_type in ("grpo", "dr_grpo") and num_sequences < 1:
         raise ValueError(f"{loss_type} needs num_sequences >= 1, got {num_sequences}")
     if loss_type == "grpo":
-        return float(num_sequences)
+        return num_sequences / world_size
     if loss_type == "dr_grpo":
         if max_new_tokens < 1:
             raise ValueError(f"dr_grpo needs max_new_tokens >= 1, got {max_new_tokens}")
-        return float(num_sequences * max_new_tokens)
-    tokens = float(max(num_tokens, 1))
-    return tokens / world_size if loss_type == "dapo" else tokens
+        return num_sequences * max_new_tokens / world_size
+    return max(num_tokens, 1) / world_size
 
 
 def reference_loss(

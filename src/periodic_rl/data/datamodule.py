@@ -18,7 +18,8 @@ class PromptDataModule(L.LightningDataModule):
         source: ``builtin:arithmetic``, a ``.jsonl``/``.json``/``.parquet`` file, or a `datasets`
             hub id. Rows need a prompt column (a string, or chat messages); every other column
             is handed to the reward functions as a keyword list.
-        batch_size: prompts per iteration; each becomes a group of ``num_generations`` samples.
+        batch_size: prompts per iteration and training process (rank); each becomes a group of
+            ``num_generations`` samples.
         val_source: held-out prompts from another file or hub dataset. Never the training rows:
             the same file as ``source`` (or the same hub split) is refused, and its rows whose
             prompt is also a training prompt are left out.
@@ -82,8 +83,16 @@ class PromptDataModule(L.LightningDataModule):
         _ = self.source  # load and validate before any expensive work starts
 
     def train_dataloader(self) -> PromptLoader:
+        """``batch_size`` prompts per iteration and rank: each rank its own slice of the
+        iteration's ``world_size x batch_size`` prompts (:class:`PromptLoader`)."""
+        trainer = self.trainer
         return PromptLoader(
-            self.source.train, self.hparams.batch_size, self.hparams.seed, self.hparams.shuffle
+            self.source.train,
+            self.hparams.batch_size,
+            self.hparams.seed,
+            self.hparams.shuffle,
+            rank=trainer.global_rank if trainer is not None else 0,
+            world_size=trainer.world_size if trainer is not None else 1,
         )
 
     def held_out(self) -> list[dict[str, Any]]:

@@ -3,6 +3,11 @@
 Lightning saves and restores the state of any train loader that has ``state_dict`` and
 ``load_state_dict``; with this one, a resumed run sees exactly the prompts the uninterrupted run
 would have seen. Being sized, it is never prefetched ahead of the current iteration.
+
+With several training processes (ranks), each iteration draws one global batch of
+``world_size x batch_size`` rows from the seeded order and rank ``r`` takes the ``r``-th slice,
+so the ranks' batches, concatenated in rank order, are exactly the batch a one-rank run with
+``world_size x batch_size`` prompts would draw.
 """
 
 from __future__ import annotations
@@ -15,22 +20,39 @@ import torch
 
 class PromptLoader:
     """Batches of ``batch_size`` rows, reshuffled (seeded) every epoch; the last short batch is
-    dropped so every iteration has the same number of groups."""
+    dropped so every iteration has the same number of groups (on every rank).
 
-    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int, shuffle: bool):
-        if len(rows) < batch_size:
+    Args:
+        rank, world_size: this process's slice of each global batch (module docstring).
+    """
+
+    def __init__(
+        self,
+        rows: list[dict[str, Any]],
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if len(rows) < batch_size * world_size:
             raise ValueError(
-                f"{len(rows)} training rows is fewer than batch_size={batch_size} prompts"
+                f"{len(rows)} training rows is fewer than one iteration's prompts: "
+                f"batch_size={batch_size} x {world_size} rank(s)"
             )
         self.rows = rows
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
 
     def __len__(self) -> int:
-        return len(self.rows) // self.batch_size
+        return len(self.rows) // (self.batch_size * self.world_size)
 
     def _order(self) -> list[int]:
         if not self.shuffle:
@@ -41,7 +63,7 @@ class PromptLoader:
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         order = self._order()
         while self.position < len(self):
-            start = self.position * self.batch_size
+            start = (self.position * self.world_size + self.rank) * self.batch_size
             self.position += 1
             yield [self.rows[i] for i in order[start : start + self.batch_size]]
         self.epoch += 1

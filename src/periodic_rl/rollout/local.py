@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -16,7 +17,8 @@ from periodic_rl.weight_sync.names import detached_cpu
 
 
 class LocalRollouts:
-    """The rollout backend interface of the strategy, served by one engine in this process.
+    """A :class:`~periodic_rl.rollout.backend.RolloutBackend` served by one engine in this
+    process.
 
     It cannot overlap generation with training (they share the process); it is the simplest
     backend, and the reference the Ray fabric is compared with.
@@ -29,8 +31,8 @@ class LocalRollouts:
         self.fingerprint = ""
         self._adapter = AdapterLoader()
 
-    def start(self) -> None:
-        return None
+    def start(self) -> LocalRollouts:
+        return self
 
     def push_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None = None
@@ -66,14 +68,19 @@ class LocalRollouts:
         version: int,
         groups_per_call: int | None = None,
         ramp_groups: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Every job in one engine call (``groups_per_call`` and ``ramp_groups`` are ignored:
-        nothing streams)."""
+        nothing streams; ``cancel`` is looked at before the call and between the groups)."""
+        if cancel is not None and cancel.is_set():
+            return
         started = time.time()
         outputs = self.engine.generate([job.request() for job in jobs], sampling)
         finished = time.time()
         self.spans.add("generate", worker_lane(0), started, finished)
         for job, completions in zip(jobs, outputs, strict=True):
+            if cancel is not None and cancel.is_set():
+                return
             yield GeneratedGroup(
                 index=job.index,
                 completion_ids=completions,

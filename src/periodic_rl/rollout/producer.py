@@ -1,0 +1,127 @@
+"""The rollout threads of one iteration: generate and score on rank 0, receive on the others.
+
+:func:`produce` runs on rank 0 in a background thread: it asks the backend for every group of
+the iteration (all ranks' prompts), scores each group as it finishes, and hands it to the rank
+that owns it: its own groups go into the local :class:`GroupStream`, the others' are sent over
+the :class:`RankLink`. :func:`receive` runs on every other rank and fills that rank's stream
+from what rank 0 sends. Each rank's stream ends with an :class:`EndOfIteration` (carrying the
+producer's error, if any), so no rank waits for groups that will never come.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+
+from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.ranks import RankLink
+from periodic_rl.rollout.stream import GroupStream
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+
+ScoreFn = Callable[[GeneratedGroup], RolloutGroup]
+AllScoredFn = Callable[[list[RolloutGroup]], None]
+
+
+@dataclass(frozen=True)
+class EndOfIteration:
+    """The last item rank 0 sends a rank in an iteration; ``error`` when generation failed."""
+
+    error: str | None = None
+
+
+class RemoteRolloutError(RuntimeError):
+    """Rank 0's rollout thread failed; this rank stops its iteration too."""
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What one iteration generates: every rank's jobs, who owns each, and how."""
+
+    jobs: list[GroupJob]
+    owners: list[int]  # owners[i]: the rank that trains on jobs[i]'s group
+    sampling: SamplingConfig
+    version: int
+    ramp_groups: int | None  # groups of a micro-batch when overlapped (first and last calls)
+
+
+def produce(
+    backend: RolloutBackend,
+    plan: IterationPlan,
+    score: ScoreFn,
+    stream: GroupStream,
+    link: RankLink,
+    on_all_scored: AllScoredFn | None = None,
+) -> None:
+    """Generate, score and route the iteration's groups (rank 0's rollout thread).
+
+    Stops early, dropping the calls in flight, once the local consumer cancels ``stream``.
+    Every other rank gets an :class:`EndOfIteration` however this ends.
+    """
+    owner = {job.index: rank for job, rank in zip(plan.jobs, plan.owners, strict=True)}
+    remote = sorted(set(plan.owners) - {0})
+    error: str | None = None
+    try:
+        held: list[RolloutGroup] = []
+        calls = backend.generate(
+            plan.jobs,
+            plan.sampling,
+            plan.version,
+            ramp_groups=plan.ramp_groups,
+            cancel=stream.cancel_event,
+        )
+        with closing(calls):  # leaving early drops the calls still in flight
+            for generated in calls:
+                if stream.cancelled:
+                    break
+                group = score(generated)
+                if on_all_scored is None:
+                    _route(group, owner[group.index], stream, link)
+                else:
+                    held.append(group)
+        if stream.cancelled:
+            error = "rank 0 stopped its iteration"
+            return
+        if on_all_scored is not None:  # advantages that need every reward of the iteration
+            on_all_scored(held)
+            for group in held:
+                _route(group, owner[group.index], stream, link)
+        stream.close()
+    except BaseException as exc:  # re-raised in the trainer's thread
+        error = f"{type(exc).__name__}: {exc}"
+        stream.error(exc)
+    finally:
+        for rank in remote:
+            link.send(rank, EndOfIteration(error))
+
+
+def _route(group: RolloutGroup, rank: int, stream: GroupStream, link: RankLink) -> None:
+    if rank == 0:
+        stream.put(group)
+    else:
+        link.send(rank, group)
+
+
+def receive(stream: GroupStream, link: RankLink) -> None:
+    """Fill this rank's ``stream`` with the groups rank 0 sends, until the iteration ends (the
+    rollout thread of every rank but 0). After a local cancel, groups are read and dropped so
+    that the next iteration starts on a clean channel."""
+    try:
+        while True:
+            item = link.recv()
+            if isinstance(item, EndOfIteration):
+                if item.error is not None:
+                    stream.error(RemoteRolloutError(f"rollouts failed on rank 0: {item.error}"))
+                stream.close()
+                return
+            stream.put(item)  # ignored once cancelled
+    except BaseException as exc:
+        stream.error(exc)
+
+
+def start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
+    """A daemon thread running ``target(*args)``, started."""
+    thread = threading.Thread(target=target, args=args, name="periodic-rl-rollouts", daemon=True)
+    thread.start()
+    return thread
