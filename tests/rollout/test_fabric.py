@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
+from periodic_rl.rollout.processes import descendants
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
-from periodic_rl.rollout.worker import descendants
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 ray = pytest.importorskip("ray")

@@ -1,24 +1,17 @@
-"""RolloutWorker used in-process (no Ray), EngineSpec, process helpers."""
+"""RolloutWorker used in-process (no Ray), and EngineSpec."""
 
 from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from periodic_rl.rollout.processes import descendants
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
-from periodic_rl.rollout.worker import (
-    RolloutWorker,
-    StaleWeightsError,
-    cpu_list,
-    descendants,
-    shm_files,
-)
+from periodic_rl.rollout.worker import RolloutWorker, StaleWeightsError
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 from periodic_rl.weight_sync.transport import to_payload
 
@@ -49,11 +42,6 @@ def test_engine_spec_copies_kwargs():
     spec = EngineSpec("hf", "m", kwargs)
     kwargs["dtype"] = "bfloat16"
     assert spec.kwargs == {"dtype": "float32"}
-
-
-def test_cpu_list():
-    assert cpu_list([3, 0, 1, 2, 7, 9, 8]) == "0-3,7-9"
-    assert cpu_list([1]) == "1"
 
 
 # ---- the worker class, in this process ----------------------------------------------------------
@@ -142,29 +130,3 @@ def test_worker_shutdown_is_final(tiny_llama_path):
     worker.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         worker.generate(jobs(), SAMPLING, 0)
-
-
-def test_descendants_and_shm_files(tmp_path):
-    script = (
-        "import mmap, os, time\n"
-        "fd = os.open('/dev/shm/periodic_rl_test_shm', os.O_CREAT | os.O_RDWR)\n"
-        "os.ftruncate(fd, 4096)\n"
-        "m = mmap.mmap(fd, 4096)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(30)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        import os
-
-        family = descendants(os.getpid())
-        assert child.pid in [pid for pid, _ in family]
-        assert "/dev/shm/periodic_rl_test_shm" in shm_files([child.pid])
-        assert shm_files([child.pid], ("psm_",)) == []
-    finally:
-        child.kill()
-        child.wait()
-        import os
-
-        os.unlink("/dev/shm/periodic_rl_test_shm")

@@ -44,18 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from periodic_rl.rollout.fabric_state import Call, PushedWeights, Slot
+from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.pushes import WeightPushes
 from periodic_rl.rollout.schedule import plan_calls
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
-from periodic_rl.rollout.worker import (
-    all_cores,
-    gather_within,
-    reap,
-    remote_worker,
-    remove_unused_shm,
-)
+from periodic_rl.rollout.worker import remote_worker
 
 __all__ = ["GeneratedGroup", "GroupJob", "RolloutFabric"]
 
