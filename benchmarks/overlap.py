@@ -402,7 +402,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             self.trainer_placement: dict[str, Any] = {}
 
         def on_train_start(self, trainer, pl_module) -> None:
-            self.workers = trainer.strategy.rollouts.worker_info()
+            self.workers = trainer.strategy.rollouts.backend.worker_info()
             self.trainer_placement = {
                 "affinity": sorted(os.sched_getaffinity(0)),
                 "torch_threads": torch.get_num_threads(),
@@ -413,7 +413,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             mode = self.plan[len(self.records)]
             strategy.overlap = mode["overlap"]
             strategy.groups_per_call = mode["groups_per_call"]
-            strategy.rollouts.groups_per_call = mode["groups_per_call"]
+            strategy.rollouts.backend.groups_per_call = mode["groups_per_call"]
             pl_module.hparams.micro_batch_size = mode["micro_batch_size"]
             self.records.append({**mode, "version": strategy.policy_version, "start": time.time()})
 

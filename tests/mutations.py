@@ -47,8 +47,8 @@ STRATEGY_TESTS = "tests/strategies/test_periodic_async.py"
 MUTATIONS: list[Mutation] = [
     Mutation(
         name="overlap switched off (the producer always joined first)",
-        file="src/periodic_rl/strategies/periodic_async.py",
-        old="            if not self.overlap:\n                with self.spans.span(",
+        file="src/periodic_rl/rollout/controller.py",
+        old="            if not self.options.overlap:\n                with self.spans.span(",
         new="            if True:\n                with self.spans.span(",
         tests=(f"{STRATEGY_TESTS}::test_training_starts_before_the_last_group_is_generated",),
     ),

@@ -32,8 +32,9 @@ class Recorder(L.Callback):
                 {
                     "step": trainer.global_step,
                     "policy": strategy.policy_version,
-                    "rollouts": strategy.rollouts.version,
-                    "fingerprint_ok": strategy.rollouts.fingerprint == strategy.weights_fingerprint,
+                    "rollouts": strategy.rollouts.backend.version,
+                    "fingerprint_ok": strategy.rollouts.backend.fingerprint
+                    == strategy.weights_fingerprint,
                     "prompts": len(jobs),
                     "temperature": sampling.temperature,
                 }

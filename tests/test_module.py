@@ -53,7 +53,7 @@ def test_bad_reward_fails_before_engines_start(tiny_llama_path, reward, message)
     data = PromptDataModule(batch_size=2, num_train=8, num_val=2)
     with pytest.raises(ValueError, match=message):
         trainer.fit(module, datamodule=data)
-    assert strategy.rollouts is None  # nothing expensive was started
+    assert strategy.rollouts.backend is None  # nothing expensive was started
 
 
 def test_missing_prompt_in_rows_fails_before_engines_start(tiny_llama_path, tmp_path):
@@ -66,7 +66,7 @@ def test_missing_prompt_in_rows_fails_before_engines_start(tiny_llama_path, tmp_
     trainer = L.Trainer(strategy=strategy, max_steps=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="'prompt' column"):
         trainer.fit(module, datamodule=PromptDataModule(source=str(path), batch_size=1))
-    assert strategy.rollouts is None
+    assert strategy.rollouts.backend is None
 
 
 def test_module_without_our_strategy_says_what_to_do(tiny_llama_path):
@@ -107,7 +107,7 @@ class AtTheError(L.Callback):
     """What was still running when Lightning first saw the training step's error."""
 
     def on_exception(self, trainer, pl_module, exception):
-        rollouts = trainer.strategy.rollouts
+        rollouts = trainer.strategy.rollouts.backend
         self.generated = rollouts.generated
         threads = threading.enumerate()
         self.producers_alive = [t for t in threads if t.name == "periodic-rl-rollouts"]
@@ -121,7 +121,7 @@ class LossFails(RLModule):
 def test_failing_training_step_stops_the_iteration_generation(tiny_llama_path, monkeypatch):
     rollouts = SlowRollouts()
     strategy = PeriodicAsyncStrategy(engine="hf", use_ray=True, overlap=True)
-    monkeypatch.setattr(strategy, "_start_rollouts", lambda model_path: rollouts)
+    strategy.rollouts.backend = rollouts  # started instead of building real engines
     module = LossFails(
         model=tiny_llama_path, num_generations=2, max_new_tokens=4, reward_funcs=[_length]
     )

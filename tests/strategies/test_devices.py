@@ -43,7 +43,7 @@ def test_explicit_device_wins_over_the_accelerator(one_fake_gpu):
 
 def test_several_devices_are_refused_naming_the_fix():
     strategy = PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False)
-    with pytest.raises(ValueError, match=r"multi-device training is not supported.*devices=1"):
+    with pytest.raises(ValueError, match=r"one device.*periodic_async_ddp.*devices=1"):
         trainer(accelerator="cpu", devices=2, strategy=strategy)
 
 

@@ -10,6 +10,7 @@ trainer) writes: nothing depends on timing or on which worker finishes first.
 
 import os
 import signal
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
 
 from periodic_rl import PeriodicAsyncStrategy, RLModule, StaleRolloutError
+from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -154,13 +156,21 @@ def test_batch_scaled_advantages_overlapped_equal_synchronous(tiny_llama_path, l
     assert max_diff(sync[0], group_scaled[0]) > 1e-4  # the batch scaling did something
 
 
-class _LostPushStrategy(PeriodicAsyncStrategy):
-    """Simulates a weight push that never reached the engine after the first optimizer step."""
+class _LostPushController(RolloutController):
+    """A weight push that never reached the engine after the first optimizer step (the
+    version moved on, the engine still holds version 0)."""
 
-    def push_weights(self) -> str:
-        if self.policy_version == 0:
-            return super().push_weights()
-        return self.weights_fingerprint + "-unconfirmed"
+    def push(self, policy, gathered=nullcontext) -> str:
+        if self.version == 0:
+            return super().push(policy, gathered)
+        self.fingerprint += "-unconfirmed"
+        return self.fingerprint
+
+
+class _LostPushStrategy(PeriodicAsyncStrategy):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rollouts = _LostPushController(self.rollouts.options, self.rollouts.spans)
 
 
 def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
@@ -168,20 +178,26 @@ def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
         train(tiny_llama_path, steps=3, strategy_cls=_LostPushStrategy)
 
 
-class _OtherWeightsStrategy(PeriodicAsyncStrategy):
+class _OtherWeightsController(RolloutController):
     """After the first step, loads the engine with other weights than the policy's under the
     right version number, and records the fingerprint of the policy's own: a push that reports
     success for weights the engine does not hold. Only the fingerprint can tell."""
 
-    def push_weights(self) -> str:
-        if self.policy_version == 0:
-            return super().push_weights()
-        state = self.lightning_module.rollout_state_dict()
+    def push(self, policy, gathered=nullcontext) -> str:
+        if self.version == 0:
+            return super().push(policy, gathered)
+        state = policy.rollout_state_dict()
         name = sorted(state)[0]
         other = {**state, name: state[name] + 1e-3}
-        self.rollouts.push_weights(other, self.policy_version)
-        self.weights_fingerprint = weights_fingerprint(state)
-        return self.weights_fingerprint
+        self.backend.push_weights(other, self.version)
+        self.fingerprint = weights_fingerprint(state)
+        return self.fingerprint
+
+
+class _OtherWeightsStrategy(PeriodicAsyncStrategy):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rollouts = _OtherWeightsController(self.rollouts.options, self.rollouts.spans)
 
 
 def test_rollout_from_other_weights_of_the_current_version_is_refused(tiny_llama_path):
@@ -202,19 +218,19 @@ class _KillOneWorkerStrategy(PeriodicAsyncStrategy):
     hold_dir = ""
 
     def rollout_micro_batches(self, jobs, *args, **kwargs):
-        victim = None
+        victim, workers = None, self.rollouts.backend
         if self.policy_version == 1:
-            victim = self.rollouts.worker_pids()[0]
+            victim = workers.worker_pids()[0]
             Path(self.hold_dir, f"hold-{victim}").touch()
-        resent, restarts = self.rollouts.redispatched_calls, self.rollouts.restarts
+        resent, restarts = workers.redispatched_calls, workers.restarts
         for index, groups in enumerate(super().rollout_micro_batches(jobs, *args, **kwargs)):
             if index == 0 and victim is not None:
                 self.first_from = {g.worker for g in groups}
                 os.kill(victim, signal.SIGKILL)
             yield groups
         if victim is not None:
-            self.resent = self.rollouts.redispatched_calls - resent
-            self.restarted = self.rollouts.restarts - restarts
+            self.resent = workers.redispatched_calls - resent
+            self.restarted = workers.restarts - restarts
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
