@@ -9,7 +9,7 @@ the warm caches and whatever else the machine is doing, in an ABBA order (overla
 overlap, ...) so that slow drift hits both alike. The first iteration(s) are warm-up and are
 dropped; every number is a median over the measured iterations of a mode.
 
-Per iteration, from ``strategy.spans`` (the strategy's and the fabric's own timing spans):
+Per iteration, from ``strategy.spans`` (the strategy's and the Ray rollouts' own timing spans):
 
     generate   union of the worker's generation calls
     train      the trainer's micro-batch forward/backward spans, plus the optimizer step: from
@@ -391,8 +391,8 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
     from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 
     class ModeSwitch(L.Callback):
-        """Before each iteration: set the mode (``strategy.overlap``, the fabric's groups per
-        call, the module's micro-batch size: all three are read afresh by every iteration);
+        """Before each iteration: set the mode (``strategy.overlap``, the Ray rollouts' groups
+        per call, the module's micro-batch size: all three are read afresh by every iteration);
         timestamp the iteration."""
 
         def __init__(self, plan: list[dict[str, Any]]) -> None:

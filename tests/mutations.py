@@ -66,7 +66,7 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="a killed worker's lost calls are not sent again",
-        file="src/periodic_rl/rollout/fabric.py",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
         old=(
             "                    pending.appendleft(call.jobs)"
             "  # same jobs, same seeds, another try\n"
@@ -74,13 +74,14 @@ MUTATIONS: list[Mutation] = [
         ),
         new="",
         tests=(
-            "tests/rollout/test_fabric.py::test_worker_killed_mid_iteration_loses_and_repeats_nothing",
+            "tests/rollout/test_ray_rollouts.py::"
+            "test_worker_killed_mid_iteration_loses_and_repeats_nothing",
             f"{STRATEGY_TESTS}::test_worker_killed_mid_iteration_gives_the_fault_free_update",
         ),
     ),
     Mutation(
         name="a dead worker is replaced only at the next push",
-        file="src/periodic_rl/rollout/fabric.py",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
         old=(
             "                    self.redispatched_calls += 1\n"
             "                    self._restart(slot, call.incarnation, error)\n"
@@ -90,7 +91,8 @@ MUTATIONS: list[Mutation] = [
             "                    slot.in_flight = self.max_calls_in_flight  # parked until a push\n"
         ),
         tests=(
-            "tests/rollout/test_fabric.py::test_worker_killed_mid_iteration_loses_and_repeats_nothing",
+            "tests/rollout/test_ray_rollouts.py::"
+            "test_worker_killed_mid_iteration_loses_and_repeats_nothing",
             f"{STRATEGY_TESTS}::test_worker_killed_mid_iteration_gives_the_fault_free_update",
         ),
     ),

@@ -77,7 +77,7 @@ def test_module_without_our_strategy_says_what_to_do(tiny_llama_path):
 
 
 class SlowRollouts:
-    """A rollout fabric stand-in that counts the groups it generates: the first at once, the
+    """A rollout backend stand-in that counts the groups it generates: the first at once, the
     second after a long generation (30 s; the later ones 0.5 s) that cancelling stops at once.
     The timeouts only bound how long a broken cancellation takes to fail the test."""
 

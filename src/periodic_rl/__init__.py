@@ -24,7 +24,7 @@ _EXPORTS = {
     "InferenceEngine": "periodic_rl.rollout.engine",
     "HFEngine": "periodic_rl.rollout.hf_engine",
     "VLLMEngine": "periodic_rl.rollout.vllm_engine",
-    "RolloutFabric": "periodic_rl.rollout.fabric",
+    "RayRollouts": "periodic_rl.rollout.ray_rollouts",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

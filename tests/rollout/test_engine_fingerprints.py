@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fabric_fixtures import DroppingEngine
+from ray_fixtures import DroppingEngine
 
 from periodic_rl.rollout.hf_engine import HFEngine
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint

@@ -1,9 +1,9 @@
-"""LocalRollouts (``use_ray=False``): pushes are verified like the Ray fabric's."""
+"""LocalRollouts (``use_ray=False``): pushes are verified like the Ray rollouts'."""
 
 from __future__ import annotations
 
 import pytest
-from fabric_fixtures import DroppingEngine
+from ray_fixtures import DroppingEngine
 
 from periodic_rl.rollout.hf_engine import HFEngine
 from periodic_rl.rollout.local import LocalRollouts

@@ -1,5 +1,5 @@
 """GroupStream: whole groups in completion order, blocking, closing, producer errors, and a
-consumer that cancels (the fabric then stops generating)."""
+consumer that cancels (the Ray rollouts then stop generating)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from periodic_rl.rollout.fabric import RolloutFabric
+from periodic_rl.rollout.ray_rollouts import RayRollouts
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream, StreamClosed
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
@@ -141,7 +141,7 @@ class FakeRef:
 
 
 class FakeRay(types.ModuleType):
-    """Ray's three calls the fabric's generation loop uses, on fake workers: a call completes
+    """Ray's three calls the generation loop of RayRollouts uses, on fake workers: a call completes
     when it is the oldest in flight (``wait``); ``on_wait`` runs inside each wait."""
 
     def __init__(self):
@@ -187,38 +187,38 @@ class CountingWorker:
 
 
 @pytest.fixture
-def fake_fabric(monkeypatch):
-    """A started one-worker fabric (one group per call, two calls in flight) on fake Ray."""
+def fake_rollouts(monkeypatch):
+    """A started one-worker RayRollouts (one group per call, two calls in flight) on fake Ray."""
     ray = FakeRay()
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.exceptions", ray.exceptions)
-    fabric = RolloutFabric(EngineSpec(kind="hf", model="unused"), 1, groups_per_call=1)
+    rollouts = RayRollouts(EngineSpec(kind="hf", model="unused"), 1, groups_per_call=1)
     worker = CountingWorker()
-    fabric._slots[0].actor = worker
-    fabric._started = True
-    return fabric, worker, ray
+    rollouts._slots[0].actor = worker
+    rollouts._started = True
+    return rollouts, worker, ray
 
 
 JOBS = [GroupJob(index=i, prompt_ids=[1], n=2, seed=i) for i in range(8)]
 SAMPLING = SamplingConfig(max_new_tokens=2)
 
 
-def test_cancelled_generate_dispatches_nothing_more_and_drops_what_is_in_flight(fake_fabric):
-    fabric, worker, ray = fake_fabric
+def test_cancelled_generate_dispatches_nothing_more_and_drops_what_is_in_flight(fake_rollouts):
+    rollouts, worker, ray = fake_rollouts
     cancel = threading.Event()
-    groups = fabric.generate(JOBS, SAMPLING, 0, cancel=cancel)
+    groups = rollouts.generate(JOBS, SAMPLING, 0, cancel=cancel)
     assert next(groups).index == 0
     sent = len(worker.calls)  # two in flight, plus the one that kept the worker busy
     cancel.set()
     assert list(groups) == []
     assert len(worker.calls) == sent < len(JOBS)
     assert ray.cancelled == worker.calls[1:]  # every call not yet returned
-    assert fabric._slots[0].in_flight == 0  # the next generate starts from an idle worker
+    assert rollouts._slots[0].in_flight == 0  # the next generate starts from an idle worker
 
 
-def test_cancel_during_a_wait_ends_generation_without_a_result(fake_fabric):
-    fabric, worker, ray = fake_fabric
+def test_cancel_during_a_wait_ends_generation_without_a_result(fake_rollouts):
+    rollouts, worker, ray = fake_rollouts
     cancel = threading.Event()
     ray.nothing_ready, ray.on_wait = True, cancel.set  # cancelled while every call runs
-    assert list(fabric.generate(JOBS, SAMPLING, 0, cancel=cancel)) == []
+    assert list(rollouts.generate(JOBS, SAMPLING, 0, cancel=cancel)) == []
     assert ray.waits == 1 and len(worker.calls) == 2 and ray.cancelled == worker.calls

@@ -4,7 +4,7 @@ stale rollouts are refused, a killed worker changes nothing, and vLLM trains end
 Real Ray actors with the transformers engine on a tiny model, and SmolLM2 on vLLM once. Ray is
 started once for the module; each fit creates and removes its workers. Where a test needs the
 order of events between the trainer and the workers fixed, the workers run
-``tests/rollout/fabric_fixtures.py:GatedEngine``, whose calls wait for files the test (or the
+``tests/rollout/ray_fixtures.py:GatedEngine``, whose calls wait for files the test (or the
 trainer) writes: nothing depends on timing or on which worker finishes first.
 """
 
@@ -35,7 +35,7 @@ def local_ray():
 
 @pytest.fixture
 def gated_engines(monkeypatch):
-    """Workers can import ``fabric_fixtures`` (the fabric hands ``PYTHONPATH`` on to them)."""
+    """Workers can import ``ray_fixtures`` (the Ray rollouts hand ``PYTHONPATH`` on to them)."""
     path = [ROLLOUT_TESTS, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
 
@@ -128,7 +128,7 @@ def test_training_starts_before_the_last_group_is_generated(
     )
     engine_kwargs = {"gate_dir": str(tmp_path), "gates": gates, "reason": reason}
     strategy = _ray_strategy(
-        True, 1, engine="fabric_fixtures:GatedEngine", engine_kwargs=engine_kwargs
+        True, 1, engine="ray_fixtures:GatedEngine", engine_kwargs=engine_kwargs
     )
     module_cls = type("Marks", (_MarksFirstBackward,), {"marker_dir": str(tmp_path)})
     kwargs = dict(steps=steps, batch_size=batch_size, shared_prompt=True)
@@ -237,7 +237,7 @@ class _KillOneWorkerStrategy(PeriodicAsyncStrategy):
 def test_worker_killed_mid_iteration_gives_the_fault_free_update(
     tiny_llama_path, local_ray, gated_engines, tmp_path, lora
 ):
-    engine = {"engine": "fabric_fixtures:GatedEngine", "engine_kwargs": {"gate_dir": str(tmp_path)}}
+    engine = {"engine": "ray_fixtures:GatedEngine", "engine_kwargs": {"gate_dir": str(tmp_path)}}
     kwargs = dict(steps=3, strategy=_ray_strategy(True, 2, **engine), lora=lora)
     if lora is not None:
         kwargs["learning_rate"] = 2.0

@@ -21,7 +21,8 @@ class LocalRollouts:
     process.
 
     It cannot overlap generation with training (they share the process); it is the simplest
-    backend, and the reference the Ray fabric is compared with.
+    backend, and the reference :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` is
+    compared with.
     """
 
     def __init__(self, engine: InferenceEngine, spans: SpanRecorder | None = None) -> None:
@@ -38,10 +39,10 @@ class LocalRollouts:
         self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None = None
     ) -> str:
         """Load ``state_dict`` and check the engine's fingerprint of what it holds against
-        :func:`weights_fingerprint` of what was sent, as the Ray fabric does (on a mismatch the
+        :func:`weights_fingerprint` of what was sent, as the Ray rollouts do (on a mismatch the
         version stays the old one, so the trainer refuses what the engine generates next).
         ``keep``: the LoRA-adapted names to keep for :meth:`push_adapter` (see
-        :meth:`RolloutFabric.push_weights <periodic_rl.rollout.fabric.RolloutFabric>`)."""
+        :meth:`RayRollouts.push_weights <periodic_rl.rollout.ray_rollouts.RayRollouts>`)."""
         fingerprint = self.engine.load_weights(state_dict)
         expected = weights_fingerprint(detached_cpu(state_dict))
         if fingerprint != expected:
@@ -55,8 +56,9 @@ class LocalRollouts:
         return fingerprint
 
     def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
-        """Merge a LoRA adapter payload into the kept base and load it (as the fabric's
-        workers do); returns :func:`~periodic_rl.weight_sync.fingerprint.adapter_fingerprint`."""
+        """Merge a LoRA adapter payload into the kept base and load it (as the Ray
+        rollouts' workers do); returns
+        :func:`~periodic_rl.weight_sync.fingerprint.adapter_fingerprint`."""
         self.fingerprint = self._adapter.load(self.engine, detached_cpu(adapter))  # CPU merge
         self.version = version
         return self.fingerprint

@@ -108,7 +108,7 @@ def shm_files(pids: Iterable[int], prefixes: tuple[str, ...] | None = None) -> l
     already unlinked are skipped), optionally only those whose name starts with ``prefixes``.
 
     vLLM leaves ``psm_*`` and ``sem.mp-*`` files behind when its processes are killed: the
-    fabric removes those its own workers used, never another program's.
+    Ray rollouts remove those their own workers used, never another program's.
     """
     found: set[str] = set()
     for pid in pids:

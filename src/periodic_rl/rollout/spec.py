@@ -28,7 +28,7 @@ class EngineSpec:
     Args:
         kind: ``"vllm"``, ``"hf"``, or ``"package.module:Class"`` naming a user's own
             :class:`~periodic_rl.rollout.engine.InferenceEngine` subclass (its module must be
-            importable in the worker process: installed, or on the fabric's ``pythonpath``).
+            importable in the worker process: installed, or on the Ray rollouts' ``pythonpath``).
         model: model directory, hub id or alias, the engine's first argument.
         kwargs: further keyword arguments of the engine (``dtype``, ``max_model_len``, ...).
     """
@@ -72,7 +72,7 @@ class EngineSpec:
         except ImportError as error:
             raise ImportError(
                 f"engine {self.kind!r}: cannot import module {module_name!r} ({error}); "
-                "is it installed, or on the rollout fabric's pythonpath?"
+                "is it installed, or on the Ray rollouts' pythonpath?"
             ) from error
         cls = getattr(module, class_name, None)
         if not isinstance(cls, type) or not issubclass(cls, InferenceEngine):

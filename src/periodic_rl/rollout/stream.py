@@ -1,6 +1,6 @@
 """`GroupStream`: the one place where the rollout side hands finished groups to the trainer.
 
-A producer (a background thread iterating ``RolloutFabric.generate`` and scoring each group)
+A producer (a background thread iterating ``RayRollouts.generate`` and scoring each group)
 calls :meth:`~GroupStream.put` per finished group and :meth:`~GroupStream.close` at the end, or
 :meth:`~GroupStream.error` when it fails. The trainer calls :meth:`~GroupStream.get_micro_batch`
 and back-propagates each micro-batch as soon as it is there. Groups are never split (group
@@ -8,7 +8,7 @@ advantages need the whole group) and leave in the order they arrived, i.e. compl
 
 A trainer that stops early (its training step raised) calls :meth:`~GroupStream.cancel`: the
 groups still queued are dropped, later ``put`` calls are ignored, and the producer, which
-watches :attr:`~GroupStream.cancel_event` (and hands it to ``RolloutFabric.generate``), stops
+watches :attr:`~GroupStream.cancel_event` (and hands it to ``RayRollouts.generate``), stops
 asking for more groups instead of generating the rest of the iteration.
 
 The stream is generic over its items: anything with a ``completion_ids`` list (``GeneratedGroup``,

@@ -91,7 +91,7 @@ def intersection(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]
 class SpanRecorder:
     """A thread-safe list of spans, grouped into iterations.
 
-    The trainer's thread, the rollout producer thread and the fabric all add spans; call
+    The trainer's thread, the rollout producer thread and the Ray rollouts all add spans; call
     :meth:`new_iteration` at the start of each iteration so that :meth:`summary` can describe one
     iteration at a time (spans added afterwards carry that iteration number).
     """

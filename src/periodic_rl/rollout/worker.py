@@ -1,10 +1,11 @@
 """`RolloutWorker`: one inference engine in its own process, driven as a Ray actor.
 
 The class is plain Python; :func:`remote_worker` turns it into a Ray actor class with explicit
-resources at the moment a fabric starts (nothing here touches Ray at import). The module imports
-neither torch nor vLLM at the top: a worker must pin its CPU cores and set its thread and vLLM
-environment variables *before* those libraries start their thread pools (an unpinned worker and
-trainer on the same cores both ran 2-3x slower; docs/troubleshooting.md, "Cores and memory").
+resources at the moment :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` starts (nothing
+here touches Ray at import). The module imports neither torch nor vLLM at the top: a worker
+must pin its CPU cores and set its thread and vLLM environment variables *before* those
+libraries start their thread pools (an unpinned worker and trainer on the same cores both ran
+2-3x slower; docs/troubleshooting.md, "Cores and memory").
 The pinning, and the cleanup of what a worker's processes leave behind, are in
 :mod:`periodic_rl.rollout.processes`.
 
@@ -58,7 +59,7 @@ class RolloutWorker:
     """Holds one engine; generates prompt groups and loads weights on request.
 
     Args:
-        worker_id: the worker's number in its fabric (stamped on every group it generates).
+        worker_id: the worker's number among its Ray rollouts (stamped on every group it generates).
         spec: the engine to build.
         cores: CPU cores to pin this process (and its engine's threads) to; ``None`` leaves
             placement to the OS and Ray (which sets ``OMP_NUM_THREADS`` from ``num_cpus``).
@@ -107,7 +108,7 @@ class RolloutWorker:
         keep: list[str] | None = None,
         adapter: list[Any] | None = None,
     ) -> dict[str, Any]:
-        """Bring a (re)started worker to the fabric's current weights (the last full push,
+        """Bring a (re)started worker to the other workers' current weights (the last full push,
         then the last adapter push on it, if any), then report :meth:`info`."""
         if weights is not None and version is not None:
             self.load_weights(weights, version, keep)
@@ -193,7 +194,7 @@ class RolloutWorker:
         return os.getpid()
 
     def shutdown(self) -> dict[str, Any]:
-        """Shut the engine down; returns what the fabric must clean up if anything lingers:
+        """Shut the engine down; returns what the Ray rollouts must clean up if anything lingers:
         the ``descendants`` that were alive and the ``/dev/shm`` files they used."""
         me = os.getpid()
         family = descendants(me)
@@ -231,7 +232,8 @@ def _torch_threads() -> int | None:
 def remote_worker(num_cpus: float, num_gpus: float) -> Any:
     """:class:`RolloutWorker` as a Ray actor class with explicit resources.
 
-    Ray's own restarts are off (``max_restarts=0``): the fabric restarts a dead worker itself,
+    Ray's own restarts are off (``max_restarts=0``):
+    :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` restarts a dead worker itself,
     because a new actor must be given the current weights before it may generate again.
     """
     import ray

@@ -1,4 +1,4 @@
-"""The bookkeeping records of :class:`~periodic_rl.rollout.fabric.RolloutFabric`."""
+"""The bookkeeping records of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Call:
 
 @dataclass(frozen=True)
 class PushedWeights:
-    """What a (re)started worker must load to hold the fabric's current weights: the last full
+    """What a (re)started worker must load to hold the workers' current weights: the last full
     push (and the names it kept for adapter pushes), then the last adapter push on top of it.
 
     The object references keep both pushes in Ray's object store until they are replaced.

@@ -1,10 +1,10 @@
-"""`RolloutFabric`: rollout workers on Ray, fed prompt groups, streaming them back as they finish.
+"""`RayRollouts`: rollout workers on Ray, fed prompt groups, streaming them back as they finish.
 
 One iteration, from the strategy's side::
 
-    fabric.push_weights(state_dict, version)      # every worker verified to hold exactly these
+    rollouts.push_weights(state_dict, version)    # every worker verified to hold exactly these
     # (LoRA: push_weights(base, version, keep=adapted names) once, then push_adapter(...))
-    for group in fabric.generate(jobs, sampling, version):
+    for group in rollouts.generate(jobs, sampling, version):
         ...                                        # groups in completion order, each job once
 
 Scheduling: jobs are cut into calls of ``groups_per_call`` groups; each worker's first call
@@ -15,11 +15,11 @@ faster workers take more: load balanced by completion, not round robin.
 
 Faults: a worker that dies (``RayActorError``) is replaced by a new actor on the same cores,
 brought to the current weights (fingerprint checked), and its unfinished calls are dispatched
-again with the same seeds (counted in ``RolloutFabric.redispatched_calls``). Calls the dead
+again with the same seeds (counted in ``RayRollouts.redispatched_calls``). Calls the dead
 worker had already finished are kept; nothing is lost or yielded twice, and the groups equal
 those of a fault-free run (engines are seeded per group).
 
-Ray is started only by :meth:`RolloutFabric.start` (the strategy's setup, never at import),
+Ray is started only by :meth:`RayRollouts.start` (the strategy's setup, never at import),
 locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster (checked
 with ``ss -ltnp``): no dashboard, dashboard host 127.0.0.1, but Ray's gRPC servers (GCS, raylet,
 object manager, workers) always listen on all interfaces; ``_node_ip_address="127.0.0.1"`` is
@@ -43,23 +43,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.rollout.fabric_state import Call, PushedWeights, Slot
 from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
-from periodic_rl.rollout.pushes import WeightPushes
+from periodic_rl.rollout.ray_pushes import WeightPushes
+from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot
 from periodic_rl.rollout.schedule import plan_calls
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 from periodic_rl.rollout.worker import remote_worker
 
-__all__ = ["GeneratedGroup", "GroupJob", "RolloutFabric"]
+__all__ = ["GeneratedGroup", "GroupJob", "RayRollouts"]
 
 log = logging.getLogger(__name__)
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])  # .../src, so workers import periodic_rl
 
 
-class RolloutFabric(WeightPushes):
+class RayRollouts(WeightPushes):
     """A set of :class:`~periodic_rl.rollout.worker.RolloutWorker` actors behind one API.
 
     Args:
@@ -130,10 +130,10 @@ class RolloutFabric(WeightPushes):
         self.poll_s = 1.0
 
     # ---- lifecycle --------------------------------------------------------------------------
-    def start(self) -> RolloutFabric:
+    def start(self) -> RayRollouts:
         """Start Ray if needed, start every worker and wait until all hold the same weights."""
         if self._closed:
-            raise RuntimeError("this RolloutFabric was shut down; create a new one")
+            raise RuntimeError("this RayRollouts was shut down; create a new one")
         if self._started:
             return self
         import ray
@@ -256,7 +256,7 @@ class RolloutFabric(WeightPushes):
     ) -> Iterator[GeneratedGroup]:
         """Generate every job on the workers; yield each group once, in completion order.
 
-        ``groups_per_call`` overrides the fabric's chunk size for this call (evaluation, which
+        ``groups_per_call`` overrides the constructor's chunk size for this call (evaluation, which
         does not stream, batches whole shares of the jobs per worker). ``ramp_groups`` (the
         groups of one trainer micro-batch) makes the first and last calls that small
         (:func:`plan_calls`).
@@ -267,7 +267,7 @@ class RolloutFabric(WeightPushes):
         are cancelled on their workers (a call already running finishes there, in order, and
         its result is dropped), so none of them reaches a later ``generate``.
 
-        Checks (fabric started, last push good, ``version`` current, unique job indices) run
+        Checks (workers started, last push good, ``version`` current, unique job indices) run
         at the call, before the first group is asked for.
         """
         self._require_started()
@@ -302,7 +302,7 @@ class RolloutFabric(WeightPushes):
                 waitables = [*in_flight, *starting]
                 ready, _ = ray.wait(waitables, num_returns=1, timeout=self.poll_s)
                 if self._closed:
-                    raise RuntimeError("the rollout fabric was shut down during generate")
+                    raise RuntimeError("the Ray rollouts were shut down during generate")
                 if cancel.is_set():
                     return  # the finally drops what is in flight
                 if not ready:
@@ -387,14 +387,14 @@ class RolloutFabric(WeightPushes):
 
     def _require_started(self) -> None:
         if self._closed:
-            raise RuntimeError("the rollout fabric was shut down")
+            raise RuntimeError("the Ray rollouts were shut down")
         if not self._started:
-            raise RuntimeError("call RolloutFabric.start() first")
+            raise RuntimeError("call RayRollouts.start() first")
 
     # ---- shutdown ---------------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 20.0) -> None:
         """Stop every worker (gracefully, then by force), remove the ``/dev/shm`` files their
-        processes used, and shut Ray down if this fabric started it. Idempotent; also runs at
+        processes used, and shut Ray down if this object started it. Idempotent; also runs at
         interpreter exit (``atexit``), so Ctrl-C leaves no worker processes behind."""
         if self._closed:
             return
@@ -435,7 +435,7 @@ class RolloutFabric(WeightPushes):
             owned += [tuple(d) for d in slot.info.get("descendants", [])]
             reap([d for d in owned if d[0]], 5.0)
 
-    def __enter__(self) -> RolloutFabric:
+    def __enter__(self) -> RayRollouts:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,4 +1,4 @@
-"""RolloutFabric on a local Ray with tiny HF engines: every job once, worker-count invariance,
+"""RayRollouts on a local Ray with tiny HF engines: every job once, worker-count invariance,
 verified weight pushes, worker death mid-iteration, and no processes left behind."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLING = SamplingConfig(max_new_tokens=8, temperature=1.0)
-# Ray is started with 2 logical CPUs; half a CPU per worker lets a few fabrics share it.
+# Ray is started with 2 logical CPUs; half a CPU per worker lets a few RayRollouts share it.
 CPUS = 0.5
 
 
@@ -37,12 +37,12 @@ def by_index(groups) -> dict[int, list[list[int]]]:
     return {g.index: g.completion_ids for g in groups}
 
 
-def fabric(path: str, num_workers: int = 1, kind: str = "hf", **kwargs):
-    from periodic_rl.rollout.fabric import RolloutFabric
+def ray_rollouts(path: str, num_workers: int = 1, kind: str = "hf", **kwargs):
+    from periodic_rl.rollout.ray_rollouts import RayRollouts
 
     spec_kwargs = kwargs.pop("engine_kwargs", {})
     kwargs.setdefault("ray_init_kwargs", {"num_cpus": 2})
-    return RolloutFabric(
+    return RayRollouts(
         EngineSpec(kind, path, spec_kwargs),
         num_workers,
         cpus_per_worker=CPUS,
@@ -76,23 +76,23 @@ def gate_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fabric2(tiny_llama_path, gate_dir):
+def rollouts2(tiny_llama_path, gate_dir):
     """Two workers, one group per call, engines that a test can hold (``GatedEngine``).
-    Loaded by ``module:Class`` path from this directory (the fabric's ``pythonpath``)."""
-    fab = fabric(
+    Loaded by ``module:Class`` path from this directory (the rollouts' ``pythonpath``)."""
+    rollouts = ray_rollouts(
         tiny_llama_path,
         2,
-        kind="fabric_fixtures:GatedEngine",
+        kind="ray_fixtures:GatedEngine",
         engine_kwargs={"gate_dir": str(gate_dir)},
         groups_per_call=1,
     ).start()
-    yield fab
-    fab.shutdown()
+    yield rollouts
+    rollouts.shutdown()
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_path):
-    """The same engine in this process: what every fabric must reproduce."""
+    """The same engine in this process: what every RayRollouts must reproduce."""
     from periodic_rl.rollout.hf_engine import HFEngine
 
     return HFEngine(tiny_llama_path)
@@ -102,24 +102,24 @@ def reference_groups(engine, jobs) -> dict[int, list[list[int]]]:
     return {j.index: engine.generate([j.request()], SAMPLING)[0] for j in jobs}
 
 
-def test_every_job_once_stamped_and_equal_to_in_process(fabric2, reference):
+def test_every_job_once_stamped_and_equal_to_in_process(rollouts2, reference):
     jobs = make_jobs()
-    groups = list(fabric2.generate(jobs, SAMPLING, version=0))
+    groups = list(rollouts2.generate(jobs, SAMPLING, version=0))
     assert sorted(g.index for g in groups) == [j.index for j in jobs]
     assert by_index(groups) == reference_groups(reference, jobs)
     assert {g.worker for g in groups} == {0, 1}  # both workers took work
-    assert all(g.fingerprint == fabric2.fingerprint for g in groups)
+    assert all(g.fingerprint == rollouts2.fingerprint for g in groups)
     assert all(g.started <= g.finished and g.seed == g.index for g in groups)
-    assert fabric2.fingerprint == reference.fingerprint()
-    lanes = {s.lane for s in fabric2.spans.spans() if s.name == "generate"}
+    assert rollouts2.fingerprint == reference.fingerprint()
+    lanes = {s.lane for s in rollouts2.spans.spans() if s.name == "generate"}
     assert lanes == {"worker-0", "worker-1"}
-    assert fabric2.timings["ray_init_s"] >= 0 and len(fabric2.timings["worker_startup_s"]) == 2
+    assert rollouts2.timings["ray_init_s"] >= 0 and len(rollouts2.timings["worker_startup_s"]) == 2
 
 
-def test_one_worker_matches_two_then_leaves_no_processes(fabric2, tiny_llama_path):
+def test_one_worker_matches_two_then_leaves_no_processes(rollouts2, tiny_llama_path):
     jobs = make_jobs()
-    two = by_index(fabric2.generate(jobs, SAMPLING, version=fabric2.version or 0))
-    one = fabric(tiny_llama_path, 1, groups_per_call=3, worker_cores=[[1]]).start()
+    two = by_index(rollouts2.generate(jobs, SAMPLING, version=rollouts2.version or 0))
+    one = ray_rollouts(tiny_llama_path, 1, groups_per_call=3, worker_cores=[[1]]).start()
     try:
         info = one.worker_info()[0]
         assert info["affinity"] == [1] and info["threads"] == 1  # pinned as asked
@@ -134,37 +134,37 @@ def test_one_worker_matches_two_then_leaves_no_processes(fabric2, tiny_llama_pat
     assert ray.is_initialized()  # the shared Ray (not started by `one`) is still up
 
 
-def test_weight_push_is_verified_and_changes_results(fabric2, reference, tiny_llama_path):
+def test_weight_push_is_verified_and_changes_results(rollouts2, reference, tiny_llama_path):
     from periodic_rl.models import load_causal_lm
 
     jobs = make_jobs(4)
-    before = by_index(fabric2.generate(jobs, SAMPLING, version=fabric2.version or 0))
+    before = by_index(rollouts2.generate(jobs, SAMPLING, version=rollouts2.version or 0))
     model = load_causal_lm(tiny_llama_path, dtype=torch.float32)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(-2.0)
     state = model.state_dict()
-    assert fabric2.push_weights(state, version=1) == weights_fingerprint(state)
-    assert fabric2.version == 1 and fabric2.fingerprint == weights_fingerprint(state)
-    groups = list(fabric2.generate(jobs, SAMPLING, version=1))
+    assert rollouts2.push_weights(state, version=1) == weights_fingerprint(state)
+    assert rollouts2.version == 1 and rollouts2.fingerprint == weights_fingerprint(state)
+    groups = list(rollouts2.generate(jobs, SAMPLING, version=1))
     assert all(g.version == 1 and g.fingerprint == weights_fingerprint(state) for g in groups)
     reference.load_weights(state)
     assert by_index(groups) == reference_groups(reference, jobs) != before
     with pytest.raises(ValueError, match="version"):
-        fabric2.generate(jobs, SAMPLING, version=0)
-    assert fabric2.timings["last_push_s"] > 0
-    assert any(s.name == "weight push" for s in fabric2.spans.spans())
+        rollouts2.generate(jobs, SAMPLING, version=0)
+    assert rollouts2.timings["last_push_s"] > 0
+    assert any(s.name == "weight push" for s in rollouts2.spans.spans())
     # Back to the original weights (as a new version) for the other tests.
-    fabric2.push_weights(original, version=2)
+    rollouts2.push_weights(original, version=2)
     reference.load_weights(original)
-    assert by_index(fabric2.generate(jobs, SAMPLING, version=2)) == before
+    assert by_index(rollouts2.generate(jobs, SAMPLING, version=2)) == before
 
 
 @pytest.mark.parametrize(
     "kind",
     # a value changed before the load; a tensor received but not copied into the model
-    ["fabric_fixtures:TamperingEngine", "fabric_fixtures:DroppingEngine"],
+    ["ray_fixtures:TamperingEngine", "ray_fixtures:DroppingEngine"],
     ids=["tampered", "dropped"],
 )
 def test_fingerprint_mismatch_raises(tiny_llama_path, kind):
@@ -172,17 +172,17 @@ def test_fingerprint_mismatch_raises(tiny_llama_path, kind):
 
     checkpoint = load_causal_lm(tiny_llama_path, dtype=torch.float32).state_dict()
     state = {name: tensor + 0.01 for name, tensor in checkpoint.items()}  # new weights
-    fab = fabric(tiny_llama_path, 1, kind=kind).start()
+    rollouts = ray_rollouts(tiny_llama_path, 1, kind=kind).start()
     try:
         with pytest.raises(RuntimeError, match=r"worker 0 \(pid \d+\) reported"):
-            fab.push_weights(state, version=1)
+            rollouts.push_weights(state, version=1)
         with pytest.raises(RuntimeError, match="push"):
-            fab.generate(make_jobs(1), SAMPLING, version=1)
+            rollouts.generate(make_jobs(1), SAMPLING, version=1)
     finally:
-        fab.shutdown()
+        rollouts.shutdown()
 
 
-def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(fabric2, reference):
+def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(rollouts2, reference):
     from lora_helpers import peft_policy
 
     from periodic_rl.weight_sync.export import (
@@ -195,26 +195,26 @@ def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(fabric2,
     from periodic_rl.weight_sync.fingerprint import adapter_fingerprint
 
     jobs = make_jobs(6)
-    version = (fabric2.version or 0) + 1
+    version = (rollouts2.version or 0) + 1
     policy = peft_policy(reference.model_path)
     payload = lora_adapter_payload(policy)
     base = lora_base_state_dict(policy)  # the checkpoint's: other tests see the same weights
-    base_fingerprint = fabric2.push_weights(base, version, keep=adapted_names(payload))
+    base_fingerprint = rollouts2.push_weights(base, version, keep=adapted_names(payload))
     expected = adapter_fingerprint(base_fingerprint, payload)
-    assert fabric2.push_adapter(payload, version + 1) == expected == fabric2.fingerprint
+    assert rollouts2.push_adapter(payload, version + 1) == expected == rollouts2.fingerprint
     assert payload_bytes(payload) < payload_bytes(base) / 100
     reference.load_weights(policy_state_dict(policy))
     merged = reference_groups(reference, jobs)
-    groups = list(fabric2.generate(jobs, SAMPLING, version + 1))
+    groups = list(rollouts2.generate(jobs, SAMPLING, version + 1))
     assert by_index(groups) == merged and {g.fingerprint for g in groups} == {expected}
-    kinds = [s.args.get("kind") for s in fabric2.spans.spans() if s.name == "weight push"]
+    kinds = [s.args.get("kind") for s in rollouts2.spans.spans() if s.name == "weight push"]
     assert kinds[-2:] == ["base", "adapter"]
     # A worker killed now comes back with the base and the adapter (fingerprint checked).
-    os.kill(fabric2.worker_pids()[0], signal.SIGKILL)
-    after = list(fabric2.generate(jobs, SAMPLING, version + 1))
+    os.kill(rollouts2.worker_pids()[0], signal.SIGKILL)
+    after = list(rollouts2.generate(jobs, SAMPLING, version + 1))
     assert by_index(after) == merged and {g.fingerprint for g in after} == {expected}
-    assert fabric2.worker_info()[0]["fingerprint"] == expected
-    fabric2.push_weights(base, version + 2)  # back to plain pushes for the other tests
+    assert rollouts2.worker_info()[0]["fingerprint"] == expected
+    rollouts2.push_weights(base, version + 2)  # back to plain pushes for the other tests
     reference.load_weights(base)
 
 
@@ -229,31 +229,31 @@ def test_adapter_push_mismatch_raises(tiny_llama_path):
 
     policy = peft_policy(tiny_llama_path)
     payload = lora_adapter_payload(policy)
-    kind, kwargs = "fabric_fixtures:TamperingEngine", {"only_partial": True}
-    fab = fabric(tiny_llama_path, 1, kind=kind, engine_kwargs=kwargs).start()
+    kind, kwargs = "ray_fixtures:TamperingEngine", {"only_partial": True}
+    rollouts = ray_rollouts(tiny_llama_path, 1, kind=kind, engine_kwargs=kwargs).start()
     try:
         with pytest.raises(RuntimeError, match="keep="):  # no base with keep pushed yet
-            fab.push_adapter(payload, version=1)
-        fab.push_weights(lora_base_state_dict(policy), 1, keep=adapted_names(payload))
+            rollouts.push_adapter(payload, version=1)
+        rollouts.push_weights(lora_base_state_dict(policy), 1, keep=adapted_names(payload))
         with pytest.raises(RuntimeError, match="loaded other weights"):
-            fab.push_adapter(payload, version=2)
+            rollouts.push_adapter(payload, version=2)
         with pytest.raises(RuntimeError, match="push"):
-            fab.generate(make_jobs(1), SAMPLING, version=2)
+            rollouts.generate(make_jobs(1), SAMPLING, version=2)
     finally:
-        fab.shutdown()
+        rollouts.shutdown()
 
 
-def test_worker_killed_mid_iteration_loses_and_repeats_nothing(fabric2, gate_dir):
+def test_worker_killed_mid_iteration_loses_and_repeats_nothing(rollouts2, gate_dir):
     jobs = make_jobs(10)
-    version = fabric2.version or 0
-    clean = by_index(fabric2.generate(jobs, SAMPLING, version))
-    victim = fabric2.worker_pids()[0]
-    restarts, resent = fabric2.restarts, fabric2.redispatched_calls
+    version = rollouts2.version or 0
+    clean = by_index(rollouts2.generate(jobs, SAMPLING, version))
+    victim = rollouts2.worker_pids()[0]
+    restarts, resent = rollouts2.restarts, rollouts2.redispatched_calls
     hold = gate_dir / f"hold-{victim}"
     hold.touch()  # worker 0's calls wait: it certainly still has them when it is killed
     seen = []
     try:
-        for group in fabric2.generate(jobs, SAMPLING, version):
+        for group in rollouts2.generate(jobs, SAMPLING, version):
             if not seen:
                 assert group.worker == 1  # worker 0 was held
                 os.kill(victim, signal.SIGKILL)
@@ -264,13 +264,13 @@ def test_worker_killed_mid_iteration_loses_and_repeats_nothing(fabric2, gate_dir
     assert by_index(seen) == clean
     # Every call worker 0 held (as many as a worker may queue) was sent again, and worker 0
     # was replaced during the generation, not at some later push.
-    assert fabric2.redispatched_calls == resent + fabric2.max_calls_in_flight
-    assert fabric2.restarts == restarts + 1
-    assert fabric2.worker_pids()[0] != victim and gone([victim])
-    # The replacement holds the fabric's current weights and keeps working.
-    after = list(fabric2.generate(jobs, SAMPLING, version))
+    assert rollouts2.redispatched_calls == resent + rollouts2.max_calls_in_flight
+    assert rollouts2.restarts == restarts + 1
+    assert rollouts2.worker_pids()[0] != victim and gone([victim])
+    # The replacement holds the current weights and keeps working.
+    after = list(rollouts2.generate(jobs, SAMPLING, version))
     assert by_index(after) == clean and {g.worker for g in after} == {0, 1}
-    assert all(g.fingerprint == fabric2.fingerprint for g in after)
+    assert all(g.fingerprint == rollouts2.fingerprint for g in after)
 
 
 DRIVER = textwrap.dedent(
@@ -279,16 +279,16 @@ DRIVER = textwrap.dedent(
     # A driver started in the background of a non-interactive shell (nohup, CI runners) inherits
     # SIGINT as ignored; an interactive user's driver has Python's handler. Restore it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from periodic_rl.rollout.fabric import RolloutFabric
+    from periodic_rl.rollout.ray_rollouts import RayRollouts
     from periodic_rl.rollout.spec import EngineSpec
     from periodic_rl.rollout.types import GroupJob, SamplingConfig
 
-    fabric = RolloutFabric(EngineSpec("hf", sys.argv[1]), 1, ray_init_kwargs={"num_cpus": 1})
-    fabric.start()
-    print("pids", *fabric.worker_pids(), flush=True)
+    rollouts = RayRollouts(EngineSpec("hf", sys.argv[1]), 1, ray_init_kwargs={"num_cpus": 1})
+    rollouts.start()
+    print("pids", *rollouts.worker_pids(), flush=True)
     jobs = [GroupJob(i, [1, 504, 3016], 2, i) for i in range(4)]
     while True:
-        list(fabric.generate(jobs, SamplingConfig(max_new_tokens=4), 0))
+        list(rollouts.generate(jobs, SamplingConfig(max_new_tokens=4), 0))
         time.sleep(0.01)
     """
 )
@@ -327,7 +327,7 @@ def test_vllm_worker_on_smollm2(smollm2_path):
 
     model = load_causal_lm(smollm2_path, dtype=torch.float32)
     shm_before = set(os.listdir("/dev/shm"))
-    fab = fabric(
+    rollouts = ray_rollouts(
         smollm2_path,
         1,
         kind="vllm",
@@ -338,30 +338,30 @@ def test_vllm_worker_on_smollm2(smollm2_path):
     try:
         jobs = [GroupJob(i, [1, 504, 3016, 28 + i], n=2, seed=i) for i in range(4)]
         sampling = SamplingConfig(max_new_tokens=16)
-        first = by_index(fab.generate(jobs, sampling, version=0))
-        assert first == by_index(fab.generate(jobs[::-1], sampling, version=0))
+        first = by_index(rollouts.generate(jobs, sampling, version=0))
+        assert first == by_index(rollouts.generate(jobs[::-1], sampling, version=0))
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(torch.randn_like(param) * 0.05)
         state = model.state_dict()
         began = time.time()
-        fingerprint = fab.push_weights(state, version=1)
+        fingerprint = rollouts.push_weights(state, version=1)
         push_s = time.time() - began
         assert fingerprint == weights_fingerprint(state)
-        second = list(fab.generate(jobs, sampling, version=1))
+        second = list(rollouts.generate(jobs, sampling, version=1))
         assert by_index(second) != first
         assert all(g.fingerprint == weights_fingerprint(state) for g in second)
-        info = fab.worker_info()[0]
+        info = rollouts.worker_info()[0]
         print(
-            f"\nvLLM fabric: ray init {fab.timings['ray_init_s']:.1f} s, worker start "
-            f"{fab.timings['workers_start_s']:.1f} s (engine {info['startup_s']:.1f} s), push "
-            f"{push_s:.2f} s (put {fab.timings['last_push_put_s']:.2f}, hash done at "
-            f"{fab.timings['last_push_hash_done_s']:.2f}, load until "
-            f"{fab.timings['last_push_s']:.2f})"
+            f"\nvLLM RayRollouts: ray init {rollouts.timings['ray_init_s']:.1f} s, worker start "
+            f"{rollouts.timings['workers_start_s']:.1f} s (engine {info['startup_s']:.1f} s), push "
+            f"{push_s:.2f} s (put {rollouts.timings['last_push_put_s']:.2f}, hash done at "
+            f"{rollouts.timings['last_push_hash_done_s']:.2f}, load until "
+            f"{rollouts.timings['last_push_s']:.2f})"
         )
-        pids = fab.worker_pids()
+        pids = rollouts.worker_pids()
     finally:
-        fab.shutdown()
+        rollouts.shutdown()
     assert gone(pids)
     leftovers = {
         f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith(("psm_", "sem.mp-"))
@@ -370,17 +370,17 @@ def test_vllm_worker_on_smollm2(smollm2_path):
 
 
 def test_engine_that_cannot_start_fails_fast(tmp_path):
-    broken = fabric(str(tmp_path / "no-such-model"))
+    broken = ray_rollouts(str(tmp_path / "no-such-model"))
     with pytest.raises(RuntimeError, match="failed to start"):
         broken.start()
     assert broken.restarts == 0  # refused at the first failure, no restart attempted
 
 
-def test_abandoned_iteration_does_not_leak_into_the_next(fabric2):
+def test_abandoned_iteration_does_not_leak_into_the_next(rollouts2):
     jobs = make_jobs(6)
-    version = fabric2.version or 0
-    clean = by_index(fabric2.generate(jobs, SAMPLING, version))
-    stream = fabric2.generate(jobs, SAMPLING, version)
+    version = rollouts2.version or 0
+    clean = by_index(rollouts2.generate(jobs, SAMPLING, version))
+    stream = rollouts2.generate(jobs, SAMPLING, version)
     next(stream)
     stream.close()  # the consumer stops early: in-flight calls are dropped
-    assert by_index(fabric2.generate(jobs, SAMPLING, version)) == clean
+    assert by_index(rollouts2.generate(jobs, SAMPLING, version)) == clean

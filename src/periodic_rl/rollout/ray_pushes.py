@@ -1,4 +1,4 @@
-"""Weight pushes of :class:`~periodic_rl.rollout.fabric.RolloutFabric`: full and LoRA adapter.
+"""Weight pushes of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts`: full and LoRA adapter.
 
 A full push sends a state dict (one ``ray.put``) that every worker loads and fingerprints; with
 ``keep`` (the LoRA-adapted names) the workers also keep their base weights, and from then on
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from periodic_rl.rollout.fabric_state import PushedWeights, Slot
+from periodic_rl.rollout.ray_slots import PushedWeights, Slot
 from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.transport import to_payload
 
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 
 class WeightPushes:
-    """The weight-push half of the fabric (a mixin: the fabric owns the state it uses)."""
+    """The weight-push half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
+    the class it is mixed into owns the state it uses)."""
 
     _slots: list[Slot]
     _pushed: PushedWeights | None
@@ -134,8 +135,8 @@ class WeightPushes:
         self, calls: list[tuple[Slot, int, Any]], target: PushedWeights, expected: str, what: str
     ) -> None:
         """Wait for every worker's load, restarting the dead straight onto ``target``; on
-        success ``target`` becomes the fabric's weights (the previous push's objects are
-        released), else raise naming the mismatches."""
+        success ``target`` becomes the current pushed weights (the previous push's objects
+        are released), else raise naming the mismatches."""
         import ray
         from ray.exceptions import RayActorError
 

@@ -1,8 +1,9 @@
-"""Engines used by the fabric and strategy tests, loaded inside Ray workers by ``module:Class``.
+"""Engines used by the RayRollouts and strategy tests, loaded inside Ray workers by
+``module:Class``.
 
-This directory goes on the workers' ``PYTHONPATH`` (the fabric's ``pythonpath`` argument, or the
-``PYTHONPATH`` environment variable for a strategy's fabric), so the workers import this file as
-the top-level module ``fabric_fixtures``.
+This directory goes on the workers' ``PYTHONPATH`` (the ``pythonpath`` argument of RayRollouts, or
+the ``PYTHONPATH`` environment variable for a strategy's rollouts), so the workers import this
+file as the top-level module ``ray_fixtures``.
 """
 
 from __future__ import annotations
