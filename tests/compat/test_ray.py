@@ -58,7 +58,7 @@ def test_set_default_worker_niceness_renices_ray_workers_by_that_much(local_ray)
 
 def test_actor_failed_in_init_tells_a_constructor_failure_from_a_later_death(local_ray):
     """Guards ``RayActorError.actor_init_failed``: true for the error of a call to an actor
-    whose ``__init__`` raised (the fabric then gives up instead of restarting it), false for an
+    whose ``__init__`` raised (RayRollouts then gives up instead of restarting it), false for an
     actor that died after it started."""
 
     @ray.remote(num_cpus=0, max_restarts=0)
