@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from periodic_rl.compat.ray import actor_failed_in_init, set_default_worker_niceness
 from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.ray_pushes import WeightPushes
 from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot
@@ -142,7 +143,7 @@ class RayRollouts(WeightPushes):
         if not ray.is_initialized():
             # Ray renices workers to 15 by default; a rollout worker is half of the pipeline,
             # not background work, and must not yield its core to anything else.
-            os.environ.setdefault("RAY_worker_niceness", "0")
+            set_default_worker_niceness(0)
             with all_cores():
                 ray.init(**self._ray_init_args())
             self._owns_ray = True
@@ -232,7 +233,7 @@ class RayRollouts(WeightPushes):
         (default: the current ones); raises when the slot has used up its restarts."""
         if incarnation != slot.incarnation or self._closed:
             return  # this death was handled already (or we are shutting down)
-        if getattr(error, "actor_init_failed", False):  # the engine cannot be built: no retry
+        if actor_failed_in_init(error):  # the engine cannot be built: no retry
             raise RuntimeError(f"rollout worker {slot.index} failed to start: {error}") from error
         slot.restarts += 1
         self.restarts += 1
