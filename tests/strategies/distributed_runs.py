@@ -1,0 +1,206 @@
+"""Periodic-async fits on 2 CPU ranks (gloo), run as a script by test_distributed.py.
+
+Lightning's DDP launcher starts rank 1 by running this same script again, so every rank runs the
+same fits in the same order. Rank 0 writes each run's outcome to ``<out>/<run>.pt``: the
+trainable parameters after the fit, the push counts, and what every rank saw (each rank writes
+``<out>/<run>-rank<r>.json`` itself). A run that raises is recorded, not fatal: the next runs go on.
+
+Usage: python tests/strategies/distributed_runs.py MODEL_DIR OUT_DIR RUN [RUN ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "rollout")]  # rl_helpers, ray_fixtures
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(HERE.parent / "rollout"), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
+)  # the rollout workers import ray_fixtures too
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from rl_helpers import SGDModule, length_reward  # noqa: E402
+
+from periodic_rl import PromptDataModule, StaleRolloutError  # noqa: E402
+from periodic_rl.rollout.controller import RolloutController  # noqa: E402
+from periodic_rl.strategies import (  # noqa: E402
+    PeriodicAsyncDDPStrategy,
+    PeriodicAsyncFSDPStrategy,
+)
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint  # noqa: E402
+
+BATCH = 2  # prompts per rank and iteration: a one-rank run takes 2 x BATCH
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+MODULE = dict(
+    num_generations=4,
+    micro_batch_size=4,
+    max_new_tokens=8,
+    learning_rate=0.5,
+    max_grad_norm=None,
+    reward_funcs=[length_reward],
+    shared_prompt=False,
+)
+
+
+class RecordedModule(SGDModule):
+    """Writes down, per rank, the groups it trained on and any stale group it refused."""
+
+    def on_fit_start(self) -> None:
+        self.seen: dict[str, list] = {"groups": [], "refused": []}
+
+    def _check_on_policy(self, groups, strategy) -> None:
+        try:
+            super()._check_on_policy(groups, strategy)
+        except StaleRolloutError as error:
+            self.seen["refused"].append(str(error))
+            raise
+        self.seen["groups"] += [(self.trainer.global_step, g.index) for g in groups]
+
+
+class OtherWeightsController(RolloutController):
+    """After the first step, rank 0 loads the engines with other weights than the policy's under
+    the right version, and every rank is told the fingerprint of the policy's own: a push that
+    reports success for weights the engines do not hold. Only the fingerprint can tell."""
+
+    def push(self, policy, gathered=nullcontext) -> str:
+        if self.version == 0:
+            return super().push(policy, gathered)
+        claimed = None
+        if self.link.rank == 0:
+            state = policy.rollout_state_dict()
+            name = sorted(state)[0]
+            self.backend.push_weights({**state, name: state[name] + 1e-3}, self.version)
+            claimed = weights_fingerprint(state)
+        self.fingerprint = self.link.broadcast(claimed)
+        return self.fingerprint
+
+
+class KillingController(RolloutController):
+    """In iteration 1, rank 0 holds worker 0's calls (GatedEngine) and SIGKILLs it as soon as
+    worker 1 has generated a group: the held calls are lost and must be sent again."""
+
+    hold_dir = ""
+
+    def micro_batches(self, *args, **kwargs):
+        if self.version != 1 or self.link.rank != 0:
+            yield from super().micro_batches(*args, **kwargs)
+            return
+        workers = self.backend
+        victim = workers.worker_pids()[0]
+        Path(self.hold_dir, f"hold-{victim}").touch()
+        resent, restarts = workers.redispatched_calls, workers.restarts
+        generate = workers.generate
+
+        def killing_generate(*a, **k):
+            for index, group in enumerate(generate(*a, **k)):
+                if index == 0:
+                    self.first_from = group.worker
+                    os.kill(victim, signal.SIGKILL)
+                yield group
+
+        workers.generate = killing_generate
+        try:
+            yield from super().micro_batches(*args, **kwargs)
+        finally:
+            del workers.generate
+            self.resent = workers.redispatched_calls - resent
+            self.restarted = workers.restarts - restarts
+
+
+def fit(out: Path, run: str, strategy, steps: int = 3, lora=None, ckpt_dir=None, resume=None):
+    L.seed_everything(0, verbose=False)
+    module = RecordedModule(model=MODEL, lora=lora, **MODULE)
+    callbacks = []
+    if ckpt_dir is not None:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(ckpt_dir, save_last=True))
+    trainer = L.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=ckpt_dir is not None,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = PromptDataModule(batch_size=BATCH, num_train=8 * BATCH, num_val=0)
+    error = None
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=resume)
+    except Exception as exc:  # recorded; the test decides whether it was expected
+        error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    rank = trainer.global_rank
+    seen = {**getattr(module, "seen", {}), "error": error, "version": strategy.policy_version}
+    (out / f"{run}-rank{rank}.json").write_text(json.dumps(seen))
+    params = {}
+    with strategy.gathered_weights():  # whole parameters on rank 0 under FSDP
+        if rank == 0:
+            params = {
+                n: p.detach().to("cpu", copy=True)
+                for n, p in module.policy.named_parameters()
+                if p.requires_grad
+            }
+    if rank == 0:
+        controller = strategy.rollouts
+        extra = {k: getattr(controller, k, None) for k in ("first_from", "resent", "restarted")}
+        torch.save(
+            {"params": params, "push_counts": strategy.push_counts, "error": error, **extra},
+            out / f"{run}.pt",
+        )
+
+
+def rollouts(cls=PeriodicAsyncDDPStrategy, controller=None, workers=1, overlap=True, **kwargs):
+    strategy = cls(
+        engine=kwargs.pop("engine", "hf"),
+        num_workers=workers,
+        overlap=overlap,
+        groups_per_call=1,
+        **kwargs,
+    )
+    if controller is not None:
+        strategy.rollouts = controller(strategy.rollouts.options, strategy.rollouts.spans)
+    return strategy
+
+
+def gated(hold_dir: Path) -> dict:
+    return {"engine": "ray_fixtures:GatedEngine", "engine_kwargs": {"gate_dir": str(hold_dir)}}
+
+
+def run_named(run: str, out: Path) -> None:
+    if run in ("full-overlap", "full-sync", "lora-overlap", "lora-sync"):
+        lora = LORA if run.startswith("lora") else None
+        steps = 4 if run == "full-sync" else 3  # full-sync is also the resumed run's reference
+        fit(out, run, rollouts(overlap=run.endswith("overlap")), steps=steps, lora=lora)
+    elif run == "fsdp-overlap":
+        fit(out, run, rollouts(PeriodicAsyncFSDPStrategy))
+    elif run == "stale":  # synchronous: every rank surely receives its groups before any raises
+        fit(out, run, rollouts(controller=OtherWeightsController, overlap=False))
+    elif run in ("kill-free", "kill"):
+        hold = out / f"{run}-gates"
+        hold.mkdir(exist_ok=True)
+        controller = None
+        if run == "kill":
+            controller = type("Killer", (KillingController,), {"hold_dir": str(hold)})
+        fit(out, run, rollouts(controller=controller, workers=2, **gated(hold)))
+    elif run == "resume":  # 2 iterations, checkpoint, then resumed to 4
+        ckpt = out / "resume-ckpt"
+        fit(out, "resume-first", rollouts(), steps=2, ckpt_dir=str(ckpt))
+        fit(out, run, rollouts(), steps=4, ckpt_dir=str(ckpt), resume=str(ckpt / "last.ckpt"))
+    else:
+        raise SystemExit(f"unknown run {run!r}")
+
+
+if __name__ == "__main__":
+    MODEL, OUT = sys.argv[1], Path(sys.argv[2])
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in sys.argv[3:]:
+        run_named(name, OUT)
