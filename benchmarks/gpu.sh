@@ -16,7 +16,9 @@
 #      instead of Qwen's 151936: ~0.36B parameters instead of 0.49B);
 #   3. benchmarks/vs_trl.py --device cuda --precision bf16-mixed: configurations a (TRL,
 #      transformers generate), b (TRL, vLLM colocate), c / c2 / d (periodic_rl sync, sync with
-#      packing, periodic-async); results in benchmarks/results/vs_trl_gpu.json.
+#      packing, periodic-async); results in benchmarks/results/vs_trl_gpu.json;
+#   4. the GPU-only tests (pytest -m gpu): DeepSpeed ZeRO-2/3 against one device, FlexAttention
+#      and flash-attn backward, training on CUDA.
 #
 # Never run in CI (it refuses when $CI is set). Written on a CPU-only machine and NOT tested
 # there: no GPU was available (docs/benchmarks.md says so).
@@ -133,3 +135,7 @@ fi
     --steps "$STEPS" --repeats "$REPEATS" --prompts "$PROMPTS" \
     --num-generations "$GENERATIONS" --max-new-tokens "$MAX_NEW_TOKENS" \
     --max-load 100 --max-wait 0 --output benchmarks/results/vs_trl_gpu.json "$@"
+
+# ---- 4. the GPU-only tests: DeepSpeed ZeRO-2/3, FlexAttention / flash-attn, CUDA training ------
+"${PIP[@]}" -c "$VENV/constraints.txt" "deepspeed>=0.16" pytest
+"$PY" -m pytest -m gpu -q -rs tests/

@@ -109,9 +109,12 @@ def train(
         module,
         datamodule=PromptDataModule(batch_size=batch_size, num_train=4 * batch_size, num_val=0),
     )
-    params = {
-        name: p.detach().clone() for name, p in module.policy.named_parameters() if p.requires_grad
-    }
+    with strategy_obj.gathered_weights():  # whole parameters under ZeRO-3 (one rank: rank 0)
+        params = {
+            name: p.detach().to("cpu", copy=True)
+            for name, p in module.policy.named_parameters()
+            if p.requires_grad
+        }
     return params, module, strategy_obj
 
 
