@@ -45,6 +45,19 @@ def _help(cls: type) -> dict[str, str]:
     return texts
 
 
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The constructor arguments of ``cls`` and of the periodic_rl classes its ``**kwargs``
+    reach (a strategy's own, then the rollout arguments of ``RolloutsMixin``)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("periodic_rl") or "__init__" not in vars(klass):
+            continue
+        for name, param in inspect.signature(klass.__init__).parameters.items():
+            if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                params.setdefault(name, param)
+    return params
+
+
 def _section(key: str, cls: type) -> str:
     texts = _help(cls)
     summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
@@ -56,9 +69,7 @@ def _section(key: str, cls: type) -> str:
         "| argument | default | help |",
         "|---|---|---|",
     ]
-    for name, param in inspect.signature(cls.__init__).parameters.items():
-        if name == "self" or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
-            continue
+    for name, param in _parameters(cls).items():
         default = "required" if param.default is param.empty else f"`{param.default!r}`"
         help_text = texts.get(name, "").replace("|", "\\|")
         lines.append(f"| `{name}` | {default} | {help_text} |")
@@ -73,6 +84,14 @@ def main() -> None:
         "`periodic-rl fit --print_config` prints a complete config with every default.\n"
     )
     body = "\n\n".join(_section(key, cls) for key, cls in SECTIONS)
+    body = body.replace(
+        "\n\n## `periodic_rl.RLMetrics`",
+        "\n\nSeveral training devices: `periodic_async_ddp`, `periodic_async_fsdp`, "
+        "`periodic_async_deepspeed_stage_2` / `_3` take the same rollout arguments (all but "
+        "`device`) plus those of Lightning's `DDPStrategy`, `ModelParallelStrategy`, "
+        "`DeepSpeedStrategy` (docs/scaling.md).\n\n## `periodic_rl.RLMetrics`",
+        1,
+    )
     Path(__file__).with_name("configuration.md").write_text(header + "\n" + body + "\n")
 
 
