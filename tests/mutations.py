@@ -43,6 +43,7 @@ class Mutation:
 
 
 STRATEGY_TESTS = "tests/strategies/test_periodic_async.py"
+DISTRIBUTED_TESTS = "tests/strategies/test_distributed.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -241,6 +242,37 @@ MUTATIONS: list[Mutation] = [
             "tests/compat/test_transformers.py::"
             "test_registered_mask_function_is_the_one_transformers_builds_masks_with",
         ),
+    ),
+    Mutation(
+        name="loss normaliser counts not summed over ranks",
+        file="src/periodic_rl/module.py",
+        old='            int(c) for c in self.trainer.strategy.reduce(counts, reduce_op="sum")\n',
+        new="            int(c) for c in counts\n",
+        tests=(f"{DISTRIBUTED_TESTS}::test_two_ddp_ranks_equal_one_rank[full-overlap]",),
+    ),
+    Mutation(
+        name="every rank draws the same prompts",
+        file="src/periodic_rl/data/loader.py",
+        old="            start = (self.position * self.world_size + self.rank) * self.batch_size\n",
+        new="            start = self.position * self.world_size * self.batch_size\n",
+        tests=(
+            "tests/data/test_loader.py",
+            f"{DISTRIBUTED_TESTS}::test_two_ddp_ranks_equal_one_rank[full-overlap]",
+        ),
+    ),
+    Mutation(
+        name="only rank 0 checks its groups against the pushed weights",
+        file="src/periodic_rl/module.py",
+        old="        for group in groups:\n            if (\n",
+        new="        for group in groups if self.global_rank == 0 else []:\n            if (\n",
+        tests=(f"{DISTRIBUTED_TESTS}::test_every_rank_refuses_a_stale_group",),
+    ),
+    Mutation(
+        name="FSDP push without gathering the shards",
+        file="src/periodic_rl/strategies/distributed.py",
+        old="fsdp2_full_tensor, self.global_rank)\n",
+        new="None, self.global_rank)\n",
+        tests=(f"{DISTRIBUTED_TESTS}::test_two_fsdp_ranks_equal_one_rank",),
     ),
 ]
 
