@@ -85,18 +85,18 @@ class RolloutController:
         self.pusher = WeightPusher(options.adapter_pushes)
         self.backend: RolloutBackend | None = None
         self.link: RankLink = SingleRank()
+        self._linked: RankLink | None = None
         self.version = 0  # the policy version: optimizer steps taken
         self.fingerprint = ""  # of the weights the engines hold, on every rank
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    @property
-    def started(self) -> bool:
-        return self.backend is not None or self.link.rank != 0
-
-    def start(self, model_path: str, link: RankLink) -> None:
-        """Start the engines (on rank 0; the other ranks only keep ``link``)."""
-        self.link = link
-        if link.rank == 0 and self.backend is None:
+    def start(self, model_path: str, link: Callable[[], RankLink]) -> None:
+        """Connect the ranks (once: ``link`` is a collective) and start the engines on rank 0
+        (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``)."""
+        if self._linked is None:
+            self._linked = link()
+            self.link = self._linked
+        if self.link.rank == 0 and self.backend is None:
             self.backend = self._build_backend(model_path)
 
     def _build_backend(self, model_path: str) -> RolloutBackend:

@@ -96,8 +96,7 @@ class RolloutsMixin:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
         super().setup(trainer)  # type: ignore[misc]
-        if not self.rollouts.started:
-            self.rollouts.start(self.lightning_module.model_path, rank_link())
+        self.rollouts.start(self.lightning_module.model_path, rank_link)
         self.rollouts.push(self.lightning_module, self.gathered_weights)
 
     def teardown(self) -> None:
