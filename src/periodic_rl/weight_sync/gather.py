@@ -79,8 +79,8 @@ def gathered_on_rank0(
                 swapped.append((module, name, param))
     try:
         for module, name, param in swapped:
-            module._parameters[name] = copies[id(param)]
+            setattr(module, name, copies[id(param)])
         yield model
     finally:
         for module, name, param in swapped:
-            module._parameters[name] = param
+            setattr(module, name, param)
