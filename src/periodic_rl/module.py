@@ -23,6 +23,7 @@ from periodic_rl.algorithms.losses import (
     per_token_policy_loss,
 )
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
+from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import check_module_config
 from periodic_rl.evaluation import HeldOutEvaluation
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
@@ -169,7 +170,8 @@ class RLModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Build the scorer and check the rewards on a real row before any engine starts."""
         self.configure_model()
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        trainer = attached_trainer(self)
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
         source = datamodule.source if datamodule is not None else None
         self.scorer = build_scorer(self, source)
         if source is not None:
