@@ -88,6 +88,31 @@ def test_example_config_parses(config, capsys):
     assert "class_path: periodic_rl.RLModule" in printed or "RLModule" in printed
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    ["PeriodicAsyncDDPStrategy", "PeriodicAsyncFSDPStrategy", "PeriodicAsyncDeepSpeedStrategy"],
+)
+def test_multi_device_strategy_from_yaml(strategy, tmp_path, capsys):
+    """The rollout arguments and the training side's own arguments, in one init_args."""
+    own = {
+        "PeriodicAsyncDDPStrategy": "find_unused_parameters: true",
+        "PeriodicAsyncFSDPStrategy": "save_distributed_checkpoint: false",
+        "PeriodicAsyncDeepSpeedStrategy": "stage: 3",
+    }[strategy]
+    config = tmp_path / "multi.yaml"
+    config.write_text(
+        "trainer:\n  devices: 2\n  strategy:\n"
+        f"    class_path: periodic_rl.{strategy}\n"
+        f"    init_args:\n      engine: hf\n      num_workers: 3\n      {own}\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert f"class_path: periodic_rl.{strategy}" in printed
+    assert "num_workers: 3" in printed and own in printed
+
+
 def test_examples_exist():
     assert any(p.name == "arithmetic.yaml" for p in EXAMPLES)
 

@@ -28,7 +28,10 @@ PUSH_KINDS = ("full", "base+adapter", "adapter")
 
 
 class PushablePolicy(Protocol):
-    """What a module offers for a push (``RLModule`` implements it; override to customise)."""
+    """What a module offers the rollout side (``RLModule`` implements it; override the
+    methods to customise a push)."""
+
+    model_path: str  # the engines are built from it
 
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engines must hold: transformers names, LoRA merged in."""
