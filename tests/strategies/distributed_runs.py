@@ -114,7 +114,7 @@ class KillingController(RolloutController):
             self.restarted = workers.restarts - restarts
 
 
-def fit(out: Path, run: str, strategy, steps: int = 3, lora=None, ckpt_dir=None, resume=None):
+def fit(out: Path, run: str, strategy, steps=3, lora=None, ckpt_dir=None, resume=None, num_val=0):
     L.seed_everything(0, verbose=False)
     module = RecordedModule(model=MODEL, lora=lora, **MODULE)
     callbacks = []
@@ -131,7 +131,7 @@ def fit(out: Path, run: str, strategy, steps: int = 3, lora=None, ckpt_dir=None,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    data = PromptDataModule(batch_size=BATCH, num_train=8 * BATCH, num_val=0)
+    data = PromptDataModule(batch_size=BATCH, num_train=8 * BATCH, num_val=num_val)
     error = None
     try:
         trainer.fit(module, datamodule=data, ckpt_path=resume)
@@ -139,7 +139,12 @@ def fit(out: Path, run: str, strategy, steps: int = 3, lora=None, ckpt_dir=None,
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     rank = trainer.global_rank
-    seen = {**getattr(module, "seen", {}), "error": error, "version": strategy.policy_version}
+    seen = {
+        **getattr(module, "seen", {}),
+        "error": error,
+        "version": strategy.policy_version,
+        "eval": module.eval_history,
+    }
     (out / f"{run}-rank{rank}.json").write_text(json.dumps(seen))
     params = {}
     with strategy.gathered_weights():  # whole parameters on rank 0 under FSDP
@@ -179,7 +184,9 @@ def run_named(run: str, out: Path) -> None:
     if run in ("full-overlap", "full-sync", "lora-overlap", "lora-sync"):
         lora = LORA if run.startswith("lora") else None
         steps = 4 if run == "full-sync" else 3  # full-sync is also the resumed run's reference
-        fit(out, run, rollouts(overlap=run.endswith("overlap")), steps=steps, lora=lora)
+        num_val = 4 if run == "full-overlap" else 0  # held-out evaluation at start and end
+        strategy = rollouts(overlap=run.endswith("overlap"))
+        fit(out, run, strategy, steps=steps, lora=lora, num_val=num_val)
     elif run == "fsdp-overlap":
         fit(out, run, rollouts(PeriodicAsyncFSDPStrategy))
     elif run == "stale":  # synchronous: every rank surely receives its groups before any raises

@@ -106,6 +106,15 @@ def test_each_rank_trains_on_its_own_groups(two_rank_runs):
         assert sorted(map(tuple, groups)) == sorted(expected)
 
 
+@runs("full-overlap")
+def test_held_out_evaluation_runs_on_every_rank_alike(two_rank_runs):
+    """Rank 0 generates the held-out completions and broadcasts them: every rank logs the same
+    evaluation, before the first and after the last iteration."""
+    histories = [seen(two_rank_runs, "full-overlap", rank)["eval"] for rank in (0, 1)]
+    assert [h["tag"] for h in histories[0]] == ["start", "end"]
+    assert histories[0] == histories[1]
+
+
 @runs("lora-overlap")
 def test_lora_pushes_the_base_once_then_adapters(two_rank_runs):
     assert result(two_rank_runs, "lora-overlap")["push_counts"] == {
