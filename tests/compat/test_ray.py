@@ -7,7 +7,9 @@ a Ray upgrade that changes an internal fails the test named after the adapter th
 from __future__ import annotations
 
 import os
+import signal
 
+import psutil
 import pytest
 import ray
 from ray.exceptions import RayActorError
@@ -79,8 +81,11 @@ def test_actor_failed_in_init_tells_a_constructor_failure_from_a_later_death(loc
     assert actor_failed_in_init(failed.value)
 
     actor = Healthy.remote()
-    assert ray.get(actor.ping.remote(), timeout=120) > 0
-    ray.kill(actor, no_restart=True)
+    pid = ray.get(actor.ping.remote(), timeout=120)
+    # SIGKILL and wait until the process is gone (ray.kill is asynchronous: a call made right
+    # after it may still run), so the next call surely meets a dead actor.
+    os.kill(pid, signal.SIGKILL)
+    psutil.Process(pid).wait(timeout=60)
     with pytest.raises(RayActorError) as died:
         ray.get(actor.ping.remote(), timeout=120)
     assert not actor_failed_in_init(died.value)

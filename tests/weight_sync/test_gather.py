@@ -5,17 +5,24 @@ here a stand-in gather function (each parameter doubled) pins the swap itself.
 """
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from periodic_rl.weight_sync.export import policy_state_dict
 from periodic_rl.weight_sync.gather import gathered_on_rank0, zero3_full_tensor
 
 
 def tiny_tied_model():
-    from conftest import tiny_llama_config
-
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(tiny_llama_config(tie_word_embeddings=True))
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    return AutoModelForCausalLM.from_config(config)
 
 
 def doubled(module, name, param):
