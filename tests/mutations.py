@@ -274,6 +274,16 @@ MUTATIONS: list[Mutation] = [
         new="None, self.global_rank)\n",
         tests=(f"{DISTRIBUTED_TESTS}::test_two_fsdp_ranks_equal_one_rank",),
     ),
+    Mutation(
+        name="truncated completions not masked out of the loss",
+        file="src/periodic_rl/truncation.py",
+        old="    return mask * keep.unsqueeze(1)\n",
+        new="    return mask\n",
+        tests=(
+            "tests/test_truncation_training.py::"
+            "test_masked_truncated_completions_contribute_nothing[dapo]",
+        ),
+    ),
 ]
 
 

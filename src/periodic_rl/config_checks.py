@@ -11,6 +11,7 @@ from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
 from periodic_rl.algorithms.losses import check_loss_type
 from periodic_rl.optim import check_schedule
 from periodic_rl.rewards import resolve_reward
+from periodic_rl.truncation import check_truncation_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,6 +38,7 @@ def check_module_config(args: dict[str, Any]) -> None:
         )
     if args["max_new_tokens"] < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {args['max_new_tokens']}")
+    check_truncation_config(args)
     if args["temperature"] <= 0:
         raise ValueError(f"temperature must be > 0 for RL sampling, got {args['temperature']}")
     if not 0 < args["top_p"] <= 1:

@@ -30,6 +30,9 @@ class IterationStats:
     num_sequences: int = 0
     num_tokens: int = 0
     zero_std_groups: int = 0
+    truncated: int = 0  # completions that hit max_new_tokens without EOS
+    truncated_tokens: int = 0
+    prompts_truncated: int | None = None  # cut to max_prompt_length (None: no limit set)
     rewards: list[float] = field(default_factory=list)
     components: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -42,10 +45,20 @@ class IterationStats:
             self.num_sequences += len(group.completion_ids)
             self.num_tokens += sum(len(c) for c in group.completion_ids)
             self.rewards.extend(group.rewards)
+            if group.truncated:
+                self.truncated += sum(group.truncated)
+                self.truncated_tokens += sum(
+                    len(c) for c, t in zip(group.completion_ids, group.truncated, strict=True) if t
+                )
             if max(group.rewards) == min(group.rewards):
                 self.zero_std_groups += 1
             for name, values in group.reward_components.items():
                 self.components[name].extend(values)
+
+    def loss_tokens(self, mask_truncated_completions: bool) -> int:
+        """Completion tokens in the loss normaliser: without the truncated completions' when
+        they are masked (:mod:`periodic_rl.truncation`)."""
+        return self.num_tokens - (self.truncated_tokens if mask_truncated_completions else 0)
 
     def add_loss(self, stats: dict[str, float]) -> None:
         for name, value in stats.items():
@@ -59,10 +72,13 @@ class IterationStats:
             "reward_std": statistics.pstdev(self.rewards),
             "completion_length": self.num_tokens / max(self.num_sequences, 1),
             "frac_zero_std_groups": self.zero_std_groups / max(self.num_groups, 1),
+            "frac_truncated": self.truncated / max(self.num_sequences, 1),
             "rollouts_per_s": self.num_sequences / seconds,
             "tokens_per_s": self.num_tokens / seconds,
             "iteration_s": seconds,
         }
+        if self.prompts_truncated is not None:
+            out["prompts_truncated"] = float(self.prompts_truncated)
         for name, values in self.components.items():
             out[f"rewards/{name}"] = statistics.fmean(values)
         if "clipped_tokens" in self.loss:

@@ -39,6 +39,7 @@ from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
 from periodic_rl.sharding import shard_policy
 from periodic_rl.strategies.protocol import RolloutStrategy
+from periodic_rl.truncation import fit_prompts, mask_truncated
 from periodic_rl.weight_sync.export import (
     lora_adapter_payload,
     lora_base_state_dict,
@@ -59,6 +60,16 @@ class RLModule(L.LightningModule):
             "target_modules": "all-linear"}``), or None for full fine-tuning.
         num_generations: samples per prompt (the group size G), at least 2.
         max_new_tokens: completion length cap.
+        mask_truncated_completions: zero loss weight for completions that hit
+            ``max_new_tokens`` without EOS (TRL's option): out of the loss and the token
+            normaliser, still in the group advantages. ``frac_truncated`` is always logged.
+        overlong_buffer, overlong_penalty: DAPO's soft overlong penalty (verl's ``len``,
+            ``penalty_factor``), added to the reward before the advantages as ``rewards/overlong``:
+            ``min(0, (max_new_tokens - overlong_buffer - L) / overlong_buffer * overlong_penalty)``
+            for ``L`` tokens. None: off (:mod:`periodic_rl.truncation`).
+        max_prompt_length, prompt_truncation: a longer prompt keeps its last
+            ``max_prompt_length`` tokens (``"left"``, logged as ``prompts_truncated``) or is
+            refused before generation (``"error"``; data rows also in ``setup``). None: no limit.
         temperature, top_p: sampling settings of the rollouts. Training log-probs (ratio, KL,
             entropy) are those of ``softmax(logits / temperature)``, the distribution the
             rollouts were sampled from. ``top_p`` truncation is not applied in training.
@@ -106,6 +117,11 @@ class RLModule(L.LightningModule):
         lora: dict[str, Any] | None = None,
         num_generations: int = 8,
         max_new_tokens: int = 32,
+        mask_truncated_completions: bool = False,
+        overlong_buffer: int | None = None,
+        overlong_penalty: float = 1.0,
+        max_prompt_length: int | None = None,
+        prompt_truncation: str = "left",
         temperature: float = 1.0,
         top_p: float = 1.0,
         learning_rate: float = 1e-5,
@@ -187,6 +203,12 @@ class RLModule(L.LightningModule):
         """Token ids of a prompt, through the tokenizer's own chat template when it has one."""
         return encode_prompt(self.tokenizer, prompt, self.hparams.system_prompt)
 
+    def encode_prompts(self, rows: list[dict[str, Any]], where: str) -> tuple[list[list[int]], int]:
+        """The rows' prompt ids within ``max_prompt_length``, and how many were cut."""
+        h = self.hparams
+        ids = [self.encode_prompt(row["prompt"]) for row in rows]
+        return fit_prompts(ids, h.max_prompt_length, h.prompt_truncation, where)
+
     @property
     def micro_batch_size(self) -> int:
         """Completions per forward/backward: ``micro_batch_size``, or one group when None.
@@ -230,7 +252,7 @@ class RLModule(L.LightningModule):
         iteration = self.trainer.global_step
         share = strategy.share_prompts(batch)  # every rank's prompts; rank 0 generates them all
         rows = share.rows
-        prompt_ids = [self.encode_prompt(row["prompt"]) for row in rows]
+        prompt_ids, cut = self.encode_prompts(rows, f"iteration {iteration}: prompt")
         jobs = [
             GroupJob(
                 index=i,
@@ -245,6 +267,7 @@ class RLModule(L.LightningModule):
             return self.scorer.score(generated, rows[generated.index], prompt_ids[generated.index])
 
         stats = IterationStats(started=time.perf_counter())
+        stats.prompts_truncated = cut if self.hparams.max_prompt_length is not None else None
         micro_batches = strategy.rollout_micro_batches(
             jobs,
             share.owners,
@@ -261,7 +284,8 @@ class RLModule(L.LightningModule):
                 stats.add_groups(groups)
                 stats.add_loss(self._backward_micro_batch(groups))
 
-        self._normalise_gradients(strategy, optimizer, stats.num_sequences, stats.num_tokens)
+        tokens = stats.loss_tokens(self.hparams.mask_truncated_completions)
+        self._normalise_gradients(strategy, optimizer, stats.num_sequences, tokens)
         if self.hparams.max_grad_norm is not None:
             self.clip_gradients(optimizer, self.hparams.max_grad_norm, "norm")
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
@@ -292,6 +316,8 @@ class RLModule(L.LightningModule):
             logps, mask, entropy = completion_logprobs(
                 self.policy, pairs, return_entropy=True, **forward
             )
+            if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
+                mask = mask_truncated(mask, groups)
             per_token, stats = per_token_policy_loss(
                 logps,
                 logps.detach(),  # one optimizer step per iteration: old policy == current one

@@ -13,6 +13,7 @@ from periodic_rl.config_checks import DTYPES
 from periodic_rl.models import load_causal_lm
 from periodic_rl.rewards import RewardModel, resolve_reward
 from periodic_rl.scoring import Scorer
+from periodic_rl.truncation import eos_token_ids
 
 
 def load_policy(model_path: str, h: Any) -> tuple[Any, Any]:
@@ -73,16 +74,21 @@ def build_scorer(module: Any, source: Any) -> Scorer:
         scale_rewards=h.scale_rewards,
         baseline=h.advantage_baseline,
         accuracy_func=source.accuracy_func if source is not None else None,
+        max_new_tokens=h.max_new_tokens,
+        eos_token_ids=eos_token_ids(module.tokenizer, module.policy),
+        overlong_buffer=h.overlong_buffer,
+        overlong_penalty=h.overlong_penalty,
     )
 
 
 def check_rows_and_rewards(module: Any, rows: list[dict[str, Any]]) -> None:
-    """Every row has a prompt that encodes, and the rewards score two probe completions of the
-    first row (right count, finite values): before any engine starts."""
+    """Every row has a prompt that encodes (within ``max_prompt_length`` with
+    ``prompt_truncation='error'``), and the rewards score two probe completions of the first
+    row (right count, finite values): before any engine starts."""
     for row in rows:
         if "prompt" not in row:
             raise ValueError("every data row needs a 'prompt' (set prompt_column)")
-        module.encode_prompt(row["prompt"])
+    module.encode_prompts(rows, "training data row")
     row = rows[0]
     probes = ["", "42"]
     columns = {k: [v] * len(probes) for k, v in row.items() if k != "prompt"}

@@ -11,6 +11,7 @@ import torch
 from periodic_rl.algorithms.advantages import group_advantages
 from periodic_rl.rewards import RewardFunc, check_rewards, reward_name
 from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup
+from periodic_rl.truncation import is_truncated, overlong_penalty
 
 
 @dataclass
@@ -20,6 +21,11 @@ class Scorer:
     Group-scaled advantages (``scale_rewards`` "group" or "none") are computed per group as soon
     as it is scored, so groups can stream to the trainer; "batch" scaling needs every reward of
     the iteration and is applied by :meth:`scale_batch` once all groups are in.
+
+    With ``max_new_tokens`` set, :meth:`score` flags each completion that hit it without one of
+    ``eos_token_ids`` (``RolloutGroup.truncated``); with ``overlong_buffer`` set too, it adds
+    DAPO's soft overlong penalty (:func:`~periodic_rl.truncation.overlong_penalty`) to each total
+    reward before the advantages, as the component ``overlong``.
     """
 
     tokenizer: Any
@@ -28,6 +34,10 @@ class Scorer:
     scale_rewards: str = "group"
     baseline: str = "grpo"
     accuracy_func: RewardFunc | None = None
+    max_new_tokens: int | None = None
+    eos_token_ids: Sequence[int] = ()
+    overlong_buffer: int | None = None
+    overlong_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.reward_weights) != len(self.reward_funcs):
@@ -38,6 +48,10 @@ class Scorer:
         names = [reward_name(f) for f in self.reward_funcs]
         if len(set(names)) != len(names):
             raise ValueError(f"reward functions need distinct names to be logged apart: {names}")
+        if self.overlong_buffer is not None and "overlong" in names:
+            raise ValueError("a reward function named 'overlong' clashes with overlong_buffer's")
+        if self.overlong_buffer is not None and self.max_new_tokens is None:
+            raise ValueError("overlong_buffer needs max_new_tokens (the length it counts from)")
 
     def rewards(
         self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
@@ -61,15 +75,32 @@ class Scorer:
         return totals, components
 
     def score(
-        self, generated: GeneratedGroup, row: dict[str, Any], prompt_ids: list[int]
+        self,
+        generated: GeneratedGroup,
+        row: dict[str, Any],
+        prompt_ids: list[int],
+        held_out: bool = False,
     ) -> RolloutGroup:
-        """A scored group from one job's output and the dataset row it came from."""
+        """A scored group from one job's output and the dataset row it came from.
+
+        ``held_out``: a held-out evaluation group (its own length cap): the task rewards only,
+        no truncation flags and no overlong penalty."""
         n = len(generated.completion_ids)
         completions = self.tokenizer.batch_decode(
             generated.completion_ids, skip_special_tokens=True
         )
         columns = {k: [v] * n for k, v in row.items() if k != "prompt"}
         totals, components = self.rewards([row["prompt"]] * n, completions, columns)
+        truncated = []
+        if self.max_new_tokens is not None and not held_out:
+            cap, eos = self.max_new_tokens, set(self.eos_token_ids)
+            truncated = [is_truncated(c, cap, eos) for c in generated.completion_ids]
+            if self.overlong_buffer is not None:  # part of the reward, before the advantages
+                components["overlong"] = [
+                    overlong_penalty(len(c), cap, self.overlong_buffer, self.overlong_penalty)
+                    for c in generated.completion_ids
+                ]
+                totals = [t + p for t, p in zip(totals, components["overlong"], strict=True)]
         group = RolloutGroup(
             index=generated.index,
             prompt=row["prompt"],
@@ -83,6 +114,7 @@ class Scorer:
             fingerprint=generated.fingerprint,
             seed=generated.seed,
             worker=generated.worker,
+            truncated=truncated,
         )
         if self.scale_rewards != "batch":
             group.advantages = group_advantages(

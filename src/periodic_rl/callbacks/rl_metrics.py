@@ -18,7 +18,9 @@ class RLMetrics(Callback):
     """Log the iteration's metrics: reward mean/std (total and per function as
     ``rewards/<name>``), accuracy (when the task has one), completion length, clip fraction,
     KL (``beta > 0``), entropy, fraction of groups whose rewards are all equal (no learning
-    signal), and throughput (rollouts/s, tokens/s). ``reward_running`` is the mean training
+    signal), fraction of completions truncated at ``max_new_tokens`` (``frac_truncated``),
+    prompts cut to ``max_prompt_length`` (``prompts_truncated``, when set), and throughput
+    (rollouts/s, tokens/s). ``reward_running`` is the mean training
     reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
 
     Args:
