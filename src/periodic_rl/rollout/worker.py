@@ -122,8 +122,13 @@ class RolloutWorker:
         """Generate ``jobs`` and stamp each group with the weights and the call's time span.
 
         Refuses (:class:`StaleWeightsError`) a ``version`` other than the loaded one, so a
-        rollout can never silently come from other weights than its caller believes.
+        rollout can never silently come from other weights than its caller believes. Each
+        group carries the engine's behaviour log-probs
+        (:func:`~periodic_rl.rollout.engine.generate_groups`; ``[]`` from an engine that gives
+        none).
         """
+        from periodic_rl.rollout.engine import generate_groups  # torch: loaded by the engine
+
         engine = self._engine()
         if self.version is not None and version != self.version:
             raise StaleWeightsError(
@@ -131,22 +136,21 @@ class RolloutWorker:
                 f"asked to generate for version {version}"
             )
         started = time.time()
-        outputs = engine.generate([job.request() for job in jobs], sampling)
+        outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
         finished = time.time()
-        if len(outputs) != len(jobs):
-            raise RuntimeError(f"engine returned {len(outputs)} groups for {len(jobs)} jobs")
         return [
             GeneratedGroup(
                 index=job.index,
-                completion_ids=[list(map(int, c)) for c in completions],
+                completion_ids=completions,
                 version=version,
                 fingerprint=self._fingerprint,
                 worker=self.worker_id,
                 seed=job.seed,
                 started=started,
                 finished=finished,
+                logprobs=logprobs,
             )
-            for job, completions in zip(jobs, outputs, strict=True)
+            for job, (completions, logprobs) in zip(jobs, outputs, strict=True)
         ]
 
     def load_weights(self, weights: Any, version: int, keep: list[str] | None = None) -> str:
