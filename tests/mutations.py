@@ -284,6 +284,16 @@ MUTATIONS: list[Mutation] = [
             "test_masked_truncated_completions_contribute_nothing[dapo]",
         ),
     ),
+    Mutation(
+        name="TIS weights not truncated at tis_cap",
+        file="src/periodic_rl/algorithms/losses.py",
+        old="    return torch.where(valid, torch.exp(delta).clamp(max=cap), zeros)\n",
+        new="    return torch.where(valid, torch.exp(delta), zeros)\n",
+        tests=(
+            "tests/algorithms/test_losses.py::test_tis_weights_and_loss_written_out",
+            "tests/test_mismatch.py::test_tis_weights_are_capped",
+        ),
+    ),
 ]
 
 

@@ -47,6 +47,16 @@ def check_module_config(args: dict[str, Any]) -> None:
         raise ValueError("epsilon and epsilon_high must be > 0")
     if args["beta"] < 0:
         raise ValueError(f"beta must be >= 0, got {args['beta']}")
+    tis_cap = args.get("tis_cap")
+    if tis_cap is not None and (
+        isinstance(tis_cap, bool)
+        or not isinstance(tis_cap, int | float)
+        or not 0 < tis_cap < float("inf")
+    ):
+        raise ValueError(
+            f"tis_cap must be a finite number > 0 (the cap C of truncated importance sampling, "
+            f"e.g. 2.0), or null to switch it off; got {tis_cap!r}"
+        )
     if args["learning_rate"] <= 0:
         raise ValueError(f"learning_rate must be > 0, got {args['learning_rate']}")
     check_schedule(

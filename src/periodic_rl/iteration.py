@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from periodic_rl.algorithms.mismatch import mismatch_metrics
 from periodic_rl.rollout.types import RolloutGroup
 
 
@@ -87,4 +88,5 @@ class IterationStats:
             out["kl"] = self.loss["kl_sum"] / tokens
         if "entropy_sum" in self.loss:
             out["entropy"] = self.loss["entropy_sum"] / tokens
+        out.update(mismatch_metrics(self.loss))  # engine vs trainer log-probs, when reported
         return out

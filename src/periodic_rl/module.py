@@ -21,7 +21,9 @@ from periodic_rl.algorithms.losses import (
     loss_denominator,
     loss_numerator,
     per_token_policy_loss,
+    truncated_is_weights,
 )
+from periodic_rl.algorithms.mismatch import behaviour_logps, mismatch_sums, missing_behaviour
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import check_module_config
@@ -90,6 +92,13 @@ class RLModule(L.LightningModule):
         beta: weight of the k3 KL to the reference policy (0 disables the reference forward).
         epsilon, epsilon_high: clipping range ``[1 - epsilon, 1 + epsilon_high]``
             (``epsilon_high`` defaults to ``epsilon``).
+        tis_cap: truncated importance sampling against the engine/trainer mismatch: each
+            token's policy-gradient term is multiplied by ``min(exp(logp_trainer -
+            logp_behaviour), tis_cap)`` (detached), ``logp_behaviour`` being the log-prob the
+            rollout engine sampled the token with (TRL's ``vllm_importance_sampling_cap``, verl's
+            ``tis_imp_ratio_cap``; 2 is usual; :mod:`periodic_rl.algorithms.losses`).
+            None: off. Needs an engine that reports log-probs (``hf``, ``vllm``). The mismatch
+            itself is logged every iteration either way (``mismatch/abs_logp``, ``mismatch/kl``).
         scale_rewards: advantage std scaling: ``group``, ``batch`` or ``none``.
         advantage_baseline: ``grpo`` (group mean) or ``rloo`` (leave-one-out mean).
         max_grad_norm: gradient-norm clip, or None.
@@ -135,6 +144,7 @@ class RLModule(L.LightningModule):
         beta: float = 0.0,
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
+        tis_cap: float | None = None,
         scale_rewards: str = "group",
         advantage_baseline: str = "grpo",
         max_grad_norm: float | None = 1.0,
@@ -318,6 +328,10 @@ class RLModule(L.LightningModule):
             )
             if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
                 mask = mask_truncated(mask, groups)
+            behaviour = self._behaviour_logps(groups, logps, mask)
+            weights = None
+            if behaviour is not None and h.get("tis_cap") is not None:
+                weights = truncated_is_weights(logps, behaviour[0], mask, h.tis_cap)
             per_token, stats = per_token_policy_loss(
                 logps,
                 logps.detach(),  # one optimizer step per iteration: old policy == current one
@@ -327,13 +341,39 @@ class RLModule(L.LightningModule):
                 epsilon_high=h.epsilon_high if h.epsilon_high is not None else h.epsilon,
                 beta=h.beta,
                 ref_logps=ref_logps,
+                is_weights=weights,  # None without tis_cap: the loss is exactly the plain one
             )
             numerator = loss_numerator(per_token, mask, h.loss_type)
             self.manual_backward(numerator)
         stats["entropy_sum"] = (entropy * mask).sum()
+        if behaviour is not None:  # the engine/trainer mismatch (periodic_rl.algorithms.mismatch)
+            stats.update(mismatch_sums(logps, *behaviour, weights, h.get("tis_cap")))
         out = {k: float(v) for k, v in stats.items()}
         out["loss_sum"] = float(numerator.detach())
         return out
+
+    def _behaviour_logps(
+        self, groups: list[RolloutGroup], logps: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The groups' behaviour log-probs laid out like ``logps``, and where they count
+        (present and in the loss); None when no group carries any. With ``tis_cap``, a group
+        without them is refused, naming the engine."""
+        cap = self.hparams.get("tis_cap")
+        missing = missing_behaviour(groups) if cap is not None else []
+        if missing:
+            options = getattr(getattr(self.trainer.strategy, "rollouts", None), "options", None)
+            engine = getattr(options, "engine", "the rollout engine")
+            raise ValueError(
+                f"tis_cap={cap} needs behaviour log-probs, but engine {engine!r} returned none "
+                f"(groups {missing[:5]}): use an engine that reports them ('hf', 'vllm'), "
+                "implement InferenceEngine.generate_with_logprobs in yours, or set tis_cap to "
+                "null"
+            )
+        found = behaviour_logps(groups, logps)
+        if found is None:
+            return None
+        values, present = found
+        return values, present & mask.bool()
 
     def _normalise_gradients(
         self, strategy: RolloutStrategy, optimizer: Any, num_sequences: int, num_tokens: int

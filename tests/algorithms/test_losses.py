@@ -181,3 +181,64 @@ def test_check_loss_type():
         loss_denominator("cispo", 1, 1, 1)
     with pytest.raises(ValueError, match="allowed values"):
         reference_loss(*hand_case()[:4], "luspo", EPS, EPS_HIGH, MAX_NEW)
+
+
+# ---- truncated importance sampling (TIS) ------------------------------------------------------
+def tis_case():
+    """Two sequences, T = 2 (the second has one token), TIS cap C = 1.5.
+
+    trainer log-probs [[-1.0, -2.0], [-0.5, pad]], behaviour [[-1.5, -1.0], [-0.5, pad]]:
+        w = min(exp(old - behaviour), 1.5) = [[min(e^0.5 = 1.6487, 1.5) = 1.5,
+                                               e^-1 = 0.36787944], [e^0 = 1.0, 0 (pad)]]
+    ratio 1 (old = trainer, detached), A = [+2, -1]: loss = -w * A per token
+        = [[-3.0, -0.73575888], [1.0, 0]], sum -2.73575888
+    With beta = 0.1 and ref [[-1.2, -2.0], [-0.4, pad]] the k3 KL is added *unweighted*:
+        kl = [[e^-0.2 + 0.2 - 1 = 0.01873075, 0], [e^0.1 - 0.1 - 1 = 0.00517092, 0]]
+        loss = [[-3.0 + 0.00187308, -0.73575888], [1.0 + 0.00051709, 0]]
+    """
+    logps = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.5, -1.0], [-0.5, float("-inf")]])  # padding: any value
+    ref = torch.tensor([[-1.2, -2.0], [-0.4, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    return logps, behaviour, ref, mask, torch.tensor([2.0, -1.0])
+
+
+def test_tis_weights_and_loss_written_out():
+    from periodic_rl.algorithms.losses import truncated_is_weights
+
+    logps, behaviour, ref, mask, advantages = tis_case()
+    weights = truncated_is_weights(logps, behaviour, mask, cap=1.5)
+    expected_w = torch.tensor([[1.5, 0.36787944], [1.0, 0.0]])
+    torch.testing.assert_close(weights, expected_w, rtol=0, atol=1e-7)
+    assert not weights.requires_grad
+
+    args = (logps, logps.detach(), advantages, mask, EPS, EPS_HIGH)
+    per_token, _ = per_token_policy_loss(*args, is_weights=weights)
+    expected = torch.tensor([[-3.0, -0.73575888], [1.0, 0.0]])
+    torch.testing.assert_close(per_token, expected, rtol=0, atol=1e-6)
+    numerator = loss_numerator(per_token, mask, "dapo")
+    assert numerator.item() == pytest.approx(-2.73575888, abs=1e-6)
+    numerator.backward()  # d/dlogp of -w * ratio * A at ratio 1 is -w * A
+    torch.testing.assert_close(logps.grad, expected, rtol=0, atol=1e-6)
+
+    with_kl, stats = per_token_policy_loss(*args, beta=0.1, ref_logps=ref, is_weights=weights)
+    expected_kl = torch.tensor([[-3.0 + 0.00187308, -0.73575888], [1.0 + 0.00051709, 0.0]])
+    torch.testing.assert_close(with_kl, expected_kl, rtol=0, atol=1e-6)
+    assert stats["kl_sum"].item() == pytest.approx(0.01873075 + 0.00517092, abs=1e-6)
+
+
+def test_tis_unit_weights_change_nothing_and_bad_caps_are_refused():
+    from periodic_rl.algorithms.losses import truncated_is_weights
+
+    logps, behaviour, ref, mask, advantages = tis_case()
+    args = (logps, logps.detach() + 0.1, advantages, mask, EPS, EPS_HIGH)
+    plain, plain_stats = per_token_policy_loss(*args, beta=0.1, ref_logps=ref)
+    ones, ones_stats = per_token_policy_loss(
+        *args, beta=0.1, ref_logps=ref, is_weights=torch.ones_like(mask)
+    )
+    assert torch.equal(plain, ones) and plain_stats.keys() == ones_stats.keys()
+    for cap in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="cap must be > 0"):
+            truncated_is_weights(logps, behaviour, mask, cap)
+    with pytest.raises(ValueError, match="is_weights has shape"):
+        per_token_policy_loss(*args, is_weights=torch.ones(2, 3))

@@ -20,6 +20,8 @@ EXPECTED = (
     "frac_zero_std_groups",
     "rollouts_per_s",
     "tokens_per_s",
+    "mismatch/abs_logp",  # the HF engine reports behaviour log-probs
+    "mismatch/kl",
 )
 
 

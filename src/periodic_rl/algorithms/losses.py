@@ -22,6 +22,26 @@ micro-batches of unequal size or token count its result depends on how the batch
 is "the batch": each value equals TRL's when the iteration is a single micro-batch (for ``grpo``
 and ``dr_grpo`` also whenever micro-batches hold equally many sequences), and it does not change
 with the split. ``dapo`` is already iteration-level in TRL (``num_items_in_batch``), and equal.
+
+Truncated importance sampling (TIS), ``RLModule(tis_cap=C)``: the rollout engine samples from its
+own numerics (vLLM's kernels, another dtype), so a token's behaviour log-prob ``logp_b`` (what the
+engine reported while sampling it) differs slightly from the trainer's ``logp_old`` for the same
+weights. Each token's policy-gradient term is multiplied by the detached weight::
+
+    w = min(exp(logp_old - logp_b), C)          per token, C = tis_cap
+    l = -w * min(ratio * A, clamp(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * kl
+
+(:func:`truncated_is_weights`, ``is_weights`` of :func:`per_token_policy_loss`); the KL term and
+the loss normalisers are unchanged. This is TRL's ``vllm_importance_sampling_correction`` with
+``vllm_importance_sampling_cap`` (``GRPOTrainer``: ``importance_sampling_ratio = clamp(exp(
+old_per_token_logps - sampling_per_token_logps), max=cap)``, then ``per_token_loss =
+per_token_loss * importance_sampling_ratio`` before ``+ beta * per_token_kl``; TRL's
+``"token_truncate"`` mode where it has modes) and verl's ``actor.tis_imp_ratio_cap``
+(``compute_policy_loss_vanilla``: ``pg_losses = pg_losses * clamp(exp(old_log_prob -
+rollout_log_probs), max=cap)``), both after Yao et al., "Your Efficient RL Framework Secretly
+Brings You Off-Policy RL Training" (2025). Here ``logp_old`` is the trainer's own detached
+log-prob (one optimizer step per iteration), so the weight corrects only the engine/trainer
+mismatch (and ``top_p``, which the engine applies when sampling and the trainer does not).
 """
 
 from __future__ import annotations
@@ -40,18 +60,47 @@ def check_loss_type(name: str) -> str:
     return name
 
 
+def truncated_is_weights(
+    old_logps: torch.Tensor, behaviour_logps: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """TIS weights ``min(exp(old_logps - behaviour_logps), cap)`` per token, detached, 0 where
+    ``mask == 0`` (see the module docstring for the formula and where TRL and verl use it).
+
+    Args:
+        old_logps: ``[B, T]`` trainer log-probs of the sampled tokens (of the policy that the
+            ratio is taken against).
+        behaviour_logps: ``[B, T]`` log-probs the rollout engine sampled the tokens with.
+        mask: ``[B, T]``, 1 (or True) on completion tokens.
+        cap: the truncation ``C > 0``.
+    """
+    if not cap > 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    if old_logps.shape != behaviour_logps.shape or old_logps.shape != mask.shape:
+        raise ValueError(
+            f"old_logps {tuple(old_logps.shape)}, behaviour_logps "
+            f"{tuple(behaviour_logps.shape)} and mask {tuple(mask.shape)} differ in shape"
+        )
+    valid = mask.bool()
+    zeros = torch.zeros_like(old_logps)
+    delta = torch.where(valid, old_logps.detach() - behaviour_logps.detach(), zeros)
+    return torch.where(valid, torch.exp(delta).clamp(max=cap), zeros)
+
+
 def _check_shapes(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     ref_logps: torch.Tensor | None,
+    is_weights: torch.Tensor | None = None,
 ) -> None:
     if logps.dim() != 2:
         raise ValueError(f"logps must be [B, T], got shape {tuple(logps.shape)}")
     named = {"old_logps": old_logps, "mask": mask}
     if ref_logps is not None:
         named["ref_logps"] = ref_logps
+    if is_weights is not None:
+        named["is_weights"] = is_weights
     for name, tensor in named.items():
         if tensor.shape != logps.shape:
             raise ValueError(
@@ -72,6 +121,7 @@ def per_token_policy_loss(
     epsilon_high: float,
     beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-style clipped surrogate per token, as in TRL's GRPOTrainer, plus the k3 KL penalty.
 
@@ -89,6 +139,9 @@ def per_token_policy_loss(
         beta: KL weight; ``ref_logps`` is required when it is positive.
         ref_logps: ``[B, T]`` reference log-probs; when given, ``kl_sum`` is reported even if
             ``beta == 0``.
+        is_weights: ``[B, T]`` importance weights (treated as constants) multiplying each
+            token's clipped surrogate, not the KL term: :func:`truncated_is_weights` for TIS.
+            None leaves the loss exactly as without it.
 
     Returns:
         ``(per_token_loss, stats)``. ``per_token_loss`` is ``[B, T]`` and exactly 0 where
@@ -103,7 +156,7 @@ def per_token_policy_loss(
         raise ValueError(f"beta must be >= 0, got {beta}")
     if beta > 0 and ref_logps is None:
         raise ValueError("beta > 0 needs ref_logps (the reference policy's log-probs)")
-    _check_shapes(logps, old_logps, advantages, mask, ref_logps)
+    _check_shapes(logps, old_logps, advantages, mask, ref_logps, is_weights)
     valid = mask.bool()
     adv = advantages.to(logps.dtype).unsqueeze(1)
     # Padding may hold any value (even -inf); neutralise it before exp so that neither the
@@ -117,6 +170,8 @@ def per_token_policy_loss(
     ratio = torch.exp(logps - old_logps)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)
+    if is_weights is not None:  # TIS: before the KL term, as TRL and verl
+        per_token = per_token * torch.where(valid, is_weights.detach(), zeros)
     kl = None
     if ref_logps is not None:
         kl = k3_kl(logps, ref_logps)

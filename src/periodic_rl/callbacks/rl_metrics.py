@@ -19,7 +19,10 @@ class RLMetrics(Callback):
     ``rewards/<name>``), accuracy (when the task has one), completion length, clip fraction,
     KL (``beta > 0``), entropy, fraction of groups whose rewards are all equal (no learning
     signal), fraction of completions truncated at ``max_new_tokens`` (``frac_truncated``),
-    prompts cut to ``max_prompt_length`` (``prompts_truncated``, when set), and throughput
+    prompts cut to ``max_prompt_length`` (``prompts_truncated``, when set), the engine/trainer
+    log-prob mismatch when the engine reports behaviour log-probs (``mismatch/abs_logp``,
+    ``mismatch/kl``; with ``tis_cap`` also ``mismatch/tis_weight`` and
+    ``mismatch/tis_capped_frac``: :mod:`periodic_rl.algorithms.mismatch`), and throughput
     (rollouts/s, tokens/s). ``reward_running`` is the mean training
     reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
 

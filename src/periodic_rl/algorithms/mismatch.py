@@ -1,0 +1,109 @@
+"""Engine/trainer mismatch: the rollout engine's behaviour log-probs against the trainer's.
+
+Even with the same weights (``k = 0`` staleness), the engine that sampled a token (vLLM's kernels,
+another dtype, ``top_p``) and the trainer's forward give it slightly different log-probs. Every
+iteration logs, over the completion tokens whose engine reported log-probs:
+
+- ``mismatch/abs_logp``: mean ``|logp_trainer - logp_behaviour|``;
+- ``mismatch/kl``: mean of the k3 estimate of ``KL(behaviour || trainer)`` at the sampled tokens,
+  ``exp(d) - d - 1`` with ``d = logp_trainer - logp_behaviour`` (:func:`~periodic_rl.algorithms.
+  kl.k3_kl` with the behaviour policy in the sampling role: unbiased, never negative);
+- with ``tis_cap``: ``mismatch/tis_weight`` (mean truncated importance weight) and
+  ``mismatch/tis_capped_frac`` (fraction of tokens whose weight hit the cap).
+
+The trainer's log-probs are those of ``softmax(logits / temperature)`` (no ``top_p``); the
+engines report the distribution they drew from (``top_p`` applied), so ``top_p < 1`` shows up here
+as mismatch too. :func:`~periodic_rl.algorithms.losses.truncated_is_weights` corrects for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from periodic_rl.algorithms.kl import k3_kl
+
+if TYPE_CHECKING:
+    from periodic_rl.rollout.types import RolloutGroup
+
+
+def behaviour_logps(
+    groups: Sequence[RolloutGroup], like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The groups' behaviour log-probs laid out like the trainer's ``[N, T]`` log-probs of
+    :func:`~periodic_rl.attention.completion_logprobs` (completion ``i`` of the micro-batch, in
+    group order, in row ``i``; its tokens from column 0), and a ``[N, T]`` bool tensor that is
+    True where a behaviour log-prob is present. ``None`` when no group carries any."""
+    rows = [
+        group.logprobs[i] if group.logprobs else None
+        for group in groups
+        for i in range(len(group.completion_ids))
+    ]
+    if all(row is None for row in rows):
+        return None
+    if len(rows) != like.shape[0]:
+        raise ValueError(f"{len(rows)} completions for {like.shape[0]} rows of log-probs")
+    values = torch.zeros(like.shape, dtype=torch.float32)
+    present = torch.zeros(like.shape, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        if row:
+            if len(row) > like.shape[1]:
+                raise ValueError(
+                    f"completion {i}: {len(row)} log-probs for {like.shape[1]} columns"
+                )
+            values[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+            present[i, : len(row)] = True
+    return values.to(like.device, like.dtype), present.to(like.device)
+
+
+def missing_behaviour(groups: Sequence[RolloutGroup]) -> list[int]:
+    """Indices of the groups that have completion tokens but no behaviour log-probs."""
+    return [g.index for g in groups if not g.logprobs and any(g.completion_ids)]
+
+
+def mismatch_sums(
+    logps: torch.Tensor,
+    behaviour: torch.Tensor,
+    present: torch.Tensor,
+    tis_weights: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """Detached sums over the tokens where ``present`` is True (sum them over micro-batches,
+    divide by ``mismatch_tokens``): ``mismatch_tokens``, ``mismatch_abs_sum`` (of
+    ``|logps - behaviour|``), ``mismatch_kl_sum`` (k3 of ``KL(behaviour || trainer)``), and with
+    ``tis_weights``: ``tis_weight_sum`` and ``tis_capped_tokens`` (weight ``>= tis_cap``)."""
+    with torch.no_grad():
+        on = present.bool()
+        # float64: the k3 term of a 1e-5 difference is 5e-11, below float32's rounding of exp.
+        zeros = torch.zeros(behaviour.shape, dtype=torch.float64, device=behaviour.device)
+        trainer = torch.where(on, logps.detach().double(), zeros)
+        sampled = torch.where(on, behaviour.double(), zeros)
+        sums = {
+            "mismatch_tokens": on.sum().to(torch.float64),
+            "mismatch_abs_sum": (trainer - sampled).abs().sum(),
+            "mismatch_kl_sum": torch.where(on, k3_kl(sampled, trainer), zeros).sum(),
+        }
+        if tis_weights is not None:
+            sums["tis_weight_sum"] = torch.where(on, tis_weights.double(), zeros).sum()
+            if tis_cap is not None:
+                sums["tis_capped_tokens"] = ((tis_weights >= tis_cap) & on).sum().to(zeros.dtype)
+    return sums
+
+
+def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The ``mismatch/*`` metrics from an iteration's summed :func:`mismatch_sums` (none when no
+    token had a behaviour log-prob)."""
+    tokens = sums.get("mismatch_tokens", 0.0)
+    if not tokens:
+        return {}
+    out = {
+        "mismatch/abs_logp": sums["mismatch_abs_sum"] / tokens,
+        "mismatch/kl": sums["mismatch_kl_sum"] / tokens,
+    }
+    if "tis_weight_sum" in sums:
+        out["mismatch/tis_weight"] = sums["tis_weight_sum"] / tokens
+    if "tis_capped_tokens" in sums:
+        out["mismatch/tis_capped_frac"] = sums["tis_capped_tokens"] / tokens
+    return out
