@@ -137,6 +137,32 @@ def test_worker_and_local_rollouts_carry_the_logprobs(hf_engine, vllm_tiny_path)
         assert [(g.completion_ids, g.logprobs) for g in groups] == [(c, lp) for c, lp in expected]
 
 
+def test_ray_rollouts_carry_the_logprobs(hf_engine, vllm_tiny_path):
+    """Through a Ray worker process: the groups arrive with the in-process engine's log-probs."""
+    pytest.importorskip("ray")
+    from periodic_rl.rollout.ray_rollouts import RayRollouts
+
+    jobs = [
+        GroupJob(index=i, prompt_ids=r.prompt_ids, n=r.n, seed=r.seed)
+        for i, r in enumerate(_requests())
+    ]
+    expected = hf_engine.generate_with_logprobs(_requests(), SAMPLING)
+    rollouts = RayRollouts(
+        EngineSpec("hf", vllm_tiny_path),
+        1,
+        cpus_per_worker=0.5,
+        ray_init_kwargs={"num_cpus": 2},
+    ).start()
+    try:
+        groups = sorted(rollouts.generate(jobs, SAMPLING, version=0), key=lambda g: g.index)
+    finally:
+        rollouts.shutdown()
+    assert [g.completion_ids for g in groups] == [c for c, _ in expected]
+    # Another process, other thread counts: the same values up to float summation order.
+    gap = _max_gap([r for g in groups for r in g.logprobs], [r for _, lp in expected for r in lp])
+    assert gap < HF_ATOL
+
+
 class IdsOnly(InferenceEngine):
     """A user's engine written before behaviour log-probs: ``generate`` only."""
 
