@@ -55,12 +55,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="on-policy check compares the version only",
-        file="src/periodic_rl/module.py",
-        old=(
-            "                group.version != strategy.policy_version\n"
-            "                or group.fingerprint != strategy.weights_fingerprint\n"
-        ),
-        new="                group.version != strategy.policy_version\n",
+        file="src/periodic_rl/on_policy.py",
+        old="        if group.version != version or group.fingerprint != fingerprint:\n",
+        new="        if group.version != version:\n",
         tests=(
             f"{STRATEGY_TESTS}::test_rollout_from_other_weights_of_the_current_version_is_refused",
         ),
@@ -263,8 +260,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="only rank 0 checks its groups against the pushed weights",
         file="src/periodic_rl/module.py",
-        old="        for group in groups:\n            if (\n",
-        new="        for group in groups if self.global_rank == 0 else []:\n            if (\n",
+        old="        check_on_policy(groups, strategy.policy_version,",
+        new="        self.global_rank == 0 and check_on_policy(groups, strategy.policy_version,",
         tests=(f"{DISTRIBUTED_TESTS}::test_every_rank_refuses_a_stale_group",),
     ),
     Mutation(

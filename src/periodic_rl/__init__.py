@@ -15,7 +15,7 @@ from typing import Any
 
 _EXPORTS = {
     "RLModule": "periodic_rl.module",
-    "StaleRolloutError": "periodic_rl.module",
+    "StaleRolloutError": "periodic_rl.on_policy",
     "PeriodicAsyncStrategy": "periodic_rl.strategies.periodic_async",
     "PeriodicAsyncDDPStrategy": "periodic_rl.strategies.distributed",
     "PeriodicAsyncFSDPStrategy": "periodic_rl.strategies.distributed",

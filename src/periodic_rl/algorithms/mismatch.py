@@ -107,3 +107,27 @@ def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
     if "tis_capped_tokens" in sums:
         out["mismatch/tis_capped_frac"] = sums["tis_capped_tokens"] / tokens
     return out
+
+
+def behaviour_for_loss(
+    groups: Sequence[RolloutGroup],
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    tis_cap: float | None,
+    engine: str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The groups' behaviour log-probs laid out like ``logps``, and where they count (present
+    and in the loss ``mask``); None when no group carries any. With ``tis_cap`` a group without
+    them is refused, naming the rollout ``engine``."""
+    missing = missing_behaviour(groups) if tis_cap is not None else []
+    if missing:
+        raise ValueError(
+            f"tis_cap={tis_cap} needs behaviour log-probs, but engine {engine!r} returned none "
+            f"(groups {missing[:5]}): use an engine that reports them ('hf', 'vllm'), "
+            "implement InferenceEngine.generate_with_logprobs in yours, or set tis_cap to null"
+        )
+    found = behaviour_logps(groups, logps)
+    if found is None:
+        return None
+    values, present = found
+    return values, present & mask.bool()

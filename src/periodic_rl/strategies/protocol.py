@@ -25,6 +25,11 @@ class RolloutStrategy(Protocol):
         """Fingerprint of the weights the rollout engines hold (same on every rank)."""
         ...
 
+    @property
+    def rollout_engine(self) -> str:
+        """The rollout engine's name (``vllm``, ``hf``, ``module:Class``), for messages."""
+        ...
+
     def sync_version(self, version: int) -> None: ...
 
     def share_prompts(self, rows: list[Any]) -> PromptShare:

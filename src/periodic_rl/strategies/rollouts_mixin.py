@@ -139,6 +139,10 @@ class RolloutsMixin:
         return self.rollouts.fingerprint
 
     @property
+    def rollout_engine(self) -> str:
+        return self.rollouts.options.engine
+
+    @property
     def push_counts(self) -> dict[str, int]:
         return dict(self.rollouts.pusher.counts)
 
