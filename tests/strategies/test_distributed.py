@@ -35,7 +35,8 @@ def selected_runs(session: pytest.Session) -> list[str]:
         for mark in item.iter_markers("two_rank_runs")
         for run in mark.args
     }
-    order = ["full-overlap", "full-sync", "lora-overlap", "kill", "resume", "fsdp-overlap"]
+    order = ["full-overlap", "full-sync", "lora-overlap", "lora-sync", "kill", "resume"]
+    order.append("fsdp-overlap")
     return [run for run in [*order, "stale"] if run in wanted]  # stale last: its fit fails
 
 
@@ -87,7 +88,10 @@ def assert_equal_params(got: dict, expected: dict, what: str) -> None:
 
 @pytest.mark.parametrize(
     "run",
-    [pytest.param(r, marks=runs(r)) for r in ("full-overlap", "full-sync", "lora-overlap")],
+    [
+        pytest.param(r, marks=runs(r))
+        for r in ("full-overlap", "full-sync", "lora-overlap", "lora-sync")
+    ],
 )
 def test_two_ddp_ranks_equal_one_rank(two_rank_runs, one_rank, run):
     outcome = result(two_rank_runs, run)
