@@ -16,7 +16,7 @@ from periodic_rl.strategies import PeriodicAsyncDeepSpeedStrategy, PeriodicAsync
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU: DeepSpeed ZeRO runs on CUDA only"
+        not torch.cuda.is_available(), reason="needs a CUDA GPU: DeepSpeed ZeRO and CUDA training"
     ),
 ]
 IN_PROCESS = {"engine": "hf", "use_ray": False, "overlap": False}
