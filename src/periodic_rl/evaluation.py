@@ -66,11 +66,12 @@ class HeldOutEvaluation:
                 on_epoch=True,
                 prog_bar=name == "reward",
                 batch_size=len(values),
+                sync_dist=True,  # every rank holds the same value (rank 0 generated for all)
             )
         # The x-axis of these metrics in the loggers: the policy version evaluated, as for the
         # training metrics (Lightning takes a logged "step" as the step, ModelCheckpoint too).
         module.log("step", float(evaluated_version(module)), on_step=False, on_epoch=True,
-                   batch_size=len(rows))  # fmt: skip
+                   batch_size=len(rows), sync_dist=True)  # fmt: skip
         self._count += len(rows)
         return means
 
@@ -90,7 +91,8 @@ class HeldOutEvaluation:
         entry = {"tag": tag, **result, "step": float(step)}
         self.history.append(entry)
         summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
-        print(f"[periodic_rl] held-out ({tag}, iteration {step}): {summary}")
+        if trainer.is_global_zero:  # every rank records the same evaluation; one prints it
+            print(f"[periodic_rl] held-out ({tag}, iteration {step}): {summary}")
         return entry
 
     # ---- evaluations outside the training loop's own schedule ------------------------------
