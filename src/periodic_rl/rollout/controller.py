@@ -85,7 +85,7 @@ class RolloutController:
         self.pusher = WeightPusher(options.adapter_pushes)
         self.backend: RolloutBackend | None = None
         self.link: RankLink = SingleRank()
-        self._linked: RankLink | None = None
+        self._connected = False  # the ranks' link is made once (a collective)
         self.version = 0  # the policy version: optimizer steps taken
         self.fingerprint = ""  # of the weights the engines hold, on every rank
 
@@ -93,9 +93,8 @@ class RolloutController:
     def start(self, model_path: str, link: Callable[[], RankLink]) -> None:
         """Connect the ranks (once: ``link`` is a collective) and start the engines on rank 0
         (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``)."""
-        if self._linked is None:
-            self._linked = link()
-            self.link = self._linked
+        if not self._connected:
+            self.link, self._connected = link(), True
         if self.link.rank == 0 and self.backend is None:
             self.backend = self._build_backend(model_path)
 

@@ -16,7 +16,6 @@ training (FSDP, DeepSpeed ZeRO-3) the caller gathers the full weights onto rank 
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 import torch
@@ -57,7 +56,6 @@ class WeightPusher:
     def __init__(self, adapter_pushes: bool = True) -> None:
         self.adapter_pushes = adapter_pushes
         self.counts = dict.fromkeys(PUSH_KINDS, 0)
-        self.last_push_s = 0.0
         self._base_on: tuple[int, list[str]] | None = None  # (id of backend, kept names)
 
     def push(
@@ -65,7 +63,6 @@ class WeightPusher:
     ) -> tuple[str, str]:
         """Send ``policy``'s weights to ``backend`` as ``version``; returns ``(kind,
         fingerprint)``. On any failure the base is sent again by the next push."""
-        start = time.time()
         adapter = policy.rollout_adapter() if self.adapter_pushes else None
         try:
             if adapter is None:
@@ -82,7 +79,6 @@ class WeightPusher:
             self._base_on = None  # the engines' state is unknown: start again from the base
             raise
         self.counts[kind] += 1
-        self.last_push_s = time.time() - start
         return kind, fingerprint
 
     def forget_base(self) -> None:
