@@ -27,6 +27,7 @@ class IterationStats:
 
     started: float = 0.0
     finished: float = 0.0
+    policy_version: int = 0  # the version trained; groups may be older (bounded staleness)
     num_groups: int = 0
     num_sequences: int = 0
     num_tokens: int = 0
@@ -38,10 +39,12 @@ class IterationStats:
     components: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     groups: list[RolloutGroup] = field(default_factory=list)
+    staleness: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # -> groups
 
     def add_groups(self, groups: list[RolloutGroup]) -> None:
         for group in groups:
             self.groups.append(group)
+            self.staleness[self.policy_version - group.version] += 1
             self.num_groups += 1
             self.num_sequences += len(group.completion_ids)
             self.num_tokens += sum(len(c) for c in group.completion_ids)
@@ -88,5 +91,11 @@ class IterationStats:
             out["kl"] = self.loss["kl_sum"] / tokens
         if "entropy_sum" in self.loss:
             out["entropy"] = self.loss["entropy_sum"] / tokens
+        if self.staleness:
+            counts = self.staleness
+            out["staleness/mean"] = sum(s * n for s, n in counts.items()) / self.num_groups
+            out["staleness/max"] = float(max(counts))
+            for lag, n in sorted(counts.items()):  # the histogram: share of groups per lag
+                out[f"staleness/{lag}"] = n / self.num_groups
         out.update(mismatch_metrics(self.loss))  # engine vs trainer log-probs, when reported
         return out

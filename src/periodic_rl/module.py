@@ -23,10 +23,11 @@ from periodic_rl.algorithms.losses import (
     per_token_policy_loss,
     truncated_is_weights,
 )
-from periodic_rl.algorithms.mismatch import behaviour_for_loss, mismatch_sums
+from periodic_rl.algorithms.mismatch import behaviour_for_loss, importance_cap, mismatch_sums
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import check_module_config
+from periodic_rl.data.loader import IndexedPrompts
 from periodic_rl.evaluation import HeldOutEvaluation
 from periodic_rl.iteration import IterationStats, micro_batch_tensors
 from periodic_rl.models import load_tokenizer, resolve_model
@@ -38,6 +39,7 @@ from periodic_rl.module_setup import (
     reference_model,
 )
 from periodic_rl.on_policy import check_on_policy
+from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
 from periodic_rl.sharding import shard_policy
@@ -252,14 +254,13 @@ class RLModule(L.LightningModule):
         return lora_base_state_dict(self.policy)
 
     # ---- one RL iteration -----------------------------------------------------------------
-    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """Generate, score and back-propagate the iteration's groups as they stream in; step."""
-        strategy = self.rollout_strategy()
-        optimizer = self.optimizers()
-        iteration = self.trainer.global_step
-        share = strategy.share_prompts(batch)  # every rank's prompts; rank 0 generates them all
-        rows = share.rows
-        prompt_ids, cut = self.encode_prompts(rows, f"iteration {iteration}: prompt")
+    def _rollout_request(
+        self, strategy: RolloutStrategy, iteration: int, rows: list[dict[str, Any]]
+    ) -> tuple[RolloutRequest, int]:
+        """Iteration ``iteration``'s rollouts for every rank's ``rows`` (a collective), and how
+        many of this iteration's prompts were cut to ``max_prompt_length``."""
+        share = strategy.share_prompts(rows)  # every rank's prompts; rank 0 generates them all
+        prompt_ids, cut = self.encode_prompts(share.rows, f"iteration {iteration}: prompt")
         jobs = [
             GroupJob(
                 index=i,
@@ -271,19 +272,47 @@ class RLModule(L.LightningModule):
         ]
 
         def score(generated):  # runs off the trainer's critical path in overlapped mode
-            return self.scorer.score(generated, rows[generated.index], prompt_ids[generated.index])
+            index = generated.index
+            return self.scorer.score(generated, share.rows[index], prompt_ids[index])
 
-        stats = IterationStats(started=time.perf_counter())
+        batch_scaled = self.hparams.scale_rewards == "batch"
+        on_all_scored = self.scorer.scale_batch if batch_scaled else None
+        request = RolloutRequest(iteration, jobs, share.owners, self.sampling, score, on_all_scored)
+        return request, cut
+
+    def _prompts_of_iteration(self, iteration: int) -> list[dict[str, Any]]:
+        """This rank's rows of a later iteration, from the train loader (bounded staleness)."""
+        loader = self.trainer.train_dataloader
+        if not isinstance(loader, IndexedPrompts):
+            raise TypeError(
+                f"max_staleness >= 1 generates later iterations' prompts ahead, so the train "
+                f"loader must tell them: {type(loader).__name__} has no rows_of_iteration(i). "
+                "Use PromptDataModule (its PromptLoader has it) or add the method to yours"
+            )
+        return loader.rows_of_iteration(iteration)
+
+    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+        """Generate, score and back-propagate the iteration's groups as they stream in; step."""
+        strategy = self.rollout_strategy()
+        optimizer = self.optimizers()
+        iteration = self.trainer.global_step
+        request, cut = self._rollout_request(strategy, iteration, batch)
+        ahead = [  # bounded staleness: later iterations, generated with older weights
+            self._rollout_request(strategy, later, self._prompts_of_iteration(later))[0]
+            for later in strategy.iterations_ahead(
+                iteration, self.trainer.estimated_stepping_batches
+            )
+        ]
+        stats = IterationStats(started=time.perf_counter(), policy_version=iteration)
         stats.prompts_truncated = cut if self.hparams.max_prompt_length is not None else None
         micro_batches = strategy.rollout_micro_batches(
-            jobs,
-            share.owners,
-            self.sampling,
-            score,
+            request.jobs,
+            request.owners,
+            request.sampling,
+            request.score,
             micro_batch_size=self.micro_batch_size,
-            on_all_scored=self.scorer.scale_batch
-            if self.hparams.scale_rewards == "batch"
-            else None,
+            on_all_scored=request.on_all_scored,
+            ahead=ahead,
         )
         with closing(micro_batches):  # on an error, stop the iteration's generation at once
             for groups in micro_batches:
@@ -325,11 +354,12 @@ class RLModule(L.LightningModule):
             )
             if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
                 mask = mask_truncated(mask, groups)
-            engine = self.rollout_strategy().rollout_engine
-            behaviour = behaviour_for_loss(groups, logps, mask, h.get("tis_cap"), engine)
+            strategy = self.rollout_strategy()
+            cap = importance_cap(h.get("tis_cap"), strategy.max_staleness)
+            behaviour = behaviour_for_loss(groups, logps, mask, cap, strategy.rollout_engine)
             weights = None
-            if behaviour is not None and h.get("tis_cap") is not None:
-                weights = truncated_is_weights(logps, behaviour[0], mask, h.tis_cap)
+            if behaviour is not None and cap is not None:
+                weights = truncated_is_weights(logps, behaviour[0], mask, cap)
             per_token, stats = per_token_policy_loss(
                 logps,
                 logps.detach(),  # one optimizer step per iteration: old policy == current one
@@ -345,7 +375,7 @@ class RLModule(L.LightningModule):
             self.manual_backward(numerator)
         stats["entropy_sum"] = (entropy * mask).sum()
         if behaviour is not None:  # the engine/trainer mismatch (periodic_rl.algorithms.mismatch)
-            stats.update(mismatch_sums(logps, *behaviour, weights, h.get("tis_cap")))
+            stats.update(mismatch_sums(logps, *behaviour, weights, cap))
         out = {k: float(v) for k, v in stats.items()}
         out["loss_sum"] = float(numerator.detach())
         return out
@@ -370,7 +400,8 @@ class RLModule(L.LightningModule):
         strategy.divide_gradients(optimizer, denominator)
 
     def _check_on_policy(self, groups: list[RolloutGroup], strategy: RolloutStrategy) -> None:
-        check_on_policy(groups, strategy.policy_version, strategy.weights_fingerprint)
+        check_on_policy(groups, strategy.policy_version,
+                        strategy.weights_fingerprint_of, strategy.max_staleness)  # fmt: skip
 
     def _reference_model(self) -> Any:
         return reference_model(self.policy, self.reference, self.hparams.lora is not None)

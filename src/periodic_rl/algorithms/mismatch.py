@@ -109,6 +109,18 @@ def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
+STALE_IS_CAP = 2.0  # the truncation cap used with bounded staleness when tis_cap is not set
+
+
+def importance_cap(tis_cap: float | None, max_staleness: int) -> float | None:
+    """The truncation cap of the importance weights: ``tis_cap``; with bounded staleness
+    (``max_staleness >= 1``) the correction is part of the objective, with cap
+    :data:`STALE_IS_CAP` unless ``tis_cap`` says otherwise."""
+    if tis_cap is None and max_staleness > 0:
+        return STALE_IS_CAP
+    return tis_cap
+
+
 def behaviour_for_loss(
     groups: Sequence[RolloutGroup],
     logps: torch.Tensor,

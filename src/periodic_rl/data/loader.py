@@ -13,9 +13,17 @@ so the ranks' batches, concatenated in rank order, are exactly the batch a one-r
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+
+@runtime_checkable
+class IndexedPrompts(Protocol):
+    """A train loader that can tell any iteration's rows before it yields them (what bounded
+    staleness needs to generate later iterations ahead)."""
+
+    def rows_of_iteration(self, iteration: int) -> list[dict[str, Any]]: ...
 
 
 class PromptLoader:
@@ -54,20 +62,31 @@ class PromptLoader:
     def __len__(self) -> int:
         return len(self.rows) // (self.batch_size * self.world_size)
 
-    def _order(self) -> list[int]:
+    def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.rows)))
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(len(self.rows), generator=generator).tolist()
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        order = self._order()
+        order = self._order(self.epoch)
         while self.position < len(self):
-            start = (self.position * self.world_size + self.rank) * self.batch_size
+            batch = self._batch(order, self.position)
             self.position += 1
-            yield [self.rows[i] for i in order[start : start + self.batch_size]]
+            yield batch
         self.epoch += 1
         self.position = 0
+
+    def rows_of_iteration(self, iteration: int) -> list[dict[str, Any]]:
+        """This rank's rows of the run's ``iteration``-th batch (0-based, counting across
+        epochs): what iterating yields then, known ahead (bounded staleness generates later
+        iterations' prompts before the trainer reaches them)."""
+        epoch, position = divmod(iteration, len(self))
+        return self._batch(self._order(epoch), position)
+
+    def _batch(self, order: list[int], position: int) -> list[dict[str, Any]]:
+        start = (position * self.world_size + self.rank) * self.batch_size
+        return [self.rows[i] for i in order[start : start + self.batch_size]]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

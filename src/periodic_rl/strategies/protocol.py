@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from periodic_rl.rollout.controller import PromptShare
+from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 
@@ -23,6 +24,19 @@ class RolloutStrategy(Protocol):
     @property
     def weights_fingerprint(self) -> str:
         """Fingerprint of the weights the rollout engines hold (same on every rank)."""
+        ...
+
+    @property
+    def max_staleness(self) -> int:
+        """How many versions behind the policy a trained rollout may be (0: on-policy)."""
+        ...
+
+    def weights_fingerprint_of(self, version: int) -> str | None:
+        """The fingerprint the engines confirmed for ``version`` (None: unknown)."""
+        ...
+
+    def iterations_ahead(self, iteration: int, end: float) -> list[int]:
+        """Later iterations whose rollouts to request now (empty when on-policy)."""
         ...
 
     @property
@@ -48,6 +62,7 @@ class RolloutStrategy(Protocol):
         score: ScoreFn,
         micro_batch_size: int,
         on_all_scored: AllScoredFn | None = None,
+        ahead: Sequence[RolloutRequest] = (),
     ) -> Iterator[list[RolloutGroup]]: ...
 
     def divide_gradients(self, optimizer: Any, denominator: float) -> None: ...
