@@ -41,7 +41,8 @@ per_token_loss * importance_sampling_ratio`` before ``+ beta * per_token_kl``; T
 rollout_log_probs), max=cap)``), both after Yao et al., "Your Efficient RL Framework Secretly
 Brings You Off-Policy RL Training" (2025). Here ``logp_old`` is the trainer's own detached
 log-prob (one optimizer step per iteration), so the weight corrects only the engine/trainer
-mismatch (and ``top_p``, which the engine applies when sampling and the trainer does not).
+mismatch (and ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty``, which the engine
+applies when sampling and the trainer does not).
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ class InferenceEngine(ABC):
         """What the rollout workers call: for each request, ``(completions, logprobs)``, the
         completions of :meth:`generate` and their *behaviour* log-probs, one list per completion
         holding, for each token, its log-prob under the distribution it was sampled from
-        (``softmax(processed logits / temperature)``, after ``top_p``), as floats.
+        (the softmax of the logits after ``repetition_penalty``, ``/ temperature``, ``min_p``,
+        ``top_k`` and ``top_p``: :class:`~periodic_rl.rollout.types.SamplingConfig`), as
+        floats.
 
         ``logprobs`` may be ``[]`` (the engine cannot tell; at ``temperature == 0`` nothing is
         sampled and both built-in engines return ``[]``). This default calls :meth:`generate`

@@ -7,6 +7,15 @@ processor that draws row ``i`` with its own ``torch.Generator`` seeded
 ``sample_seed(request.seed, i)``, then hands ``generate`` a one-hot score so that its greedy step
 picks the drawn token. A group's samples therefore depend only on its prompt, ``n``, its seed and
 the weights: never on the other groups, the call order or the global RNG.
+
+The sampling knobs of :class:`~periodic_rl.rollout.types.SamplingConfig` (``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``) are applied by this module's own code,
+:func:`processed_logits`, in vLLM's order and with vLLM's definitions, so that both engines draw
+from the same distribution and report its log-probs. ``generate`` itself runs greedy
+(``do_sample=False``): transformers' sampling warpers (``top_k``, ``top_p``, ``min_p``,
+``temperature``), including the ``top_k=50`` default that ``GenerationConfig`` and a model's
+``generation_config.json`` carry, only run under ``do_sample=True``, so they never apply here,
+and ``repetition_penalty`` (which would apply) is set to 1 in the ``GenerationConfig``.
 """
 
 from __future__ import annotations
@@ -54,22 +63,83 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Set to ``-inf`` the logits below the ``top_k``-th highest of their row (ties with it are
+    kept, as vLLM does). ``top_k`` 0, or at least the vocabulary size: unchanged."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Set to ``-inf`` the logits of the tokens whose probability is below ``min_p`` times the
+    most likely token's (vLLM's ``MinPLogitsProcessor``). ``min_p`` 0: unchanged."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def repetition_penalty_filter(
+    logits: torch.Tensor, input_ids: torch.Tensor, penalty: float
+) -> torch.Tensor:
+    """Penalise the tokens already in each row's ``input_ids`` (prompt and completion so far):
+    a positive logit is divided by ``penalty``, a negative one multiplied by it (vLLM's and
+    transformers' definition). ``penalty`` 1: unchanged."""
+    if penalty == 1.0:
+        return logits
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, input_ids.to(logits.device), True)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def processed_logits(
+    scores: torch.Tensor, input_ids: torch.Tensor, sampling: SamplingConfig
+) -> torch.Tensor:
+    """The logits a token is drawn from, float32, one row per sequence: ``scores`` (the raw
+    next-token logits) after ``repetition_penalty`` (over ``input_ids``), ``/ temperature``,
+    ``min_p``, ``top_k`` and ``top_p``, in vLLM's order (``Sampler.forward``: penalties, then
+    temperature, then the min-p processor, then top-k/top-p). Filtered tokens are ``-inf``; the
+    behaviour log-probs are the ``log_softmax`` of the result. Needs ``temperature > 0``."""
+    logits = repetition_penalty_filter(scores.float(), input_ids, sampling.repetition_penalty)
+    logits = logits / sampling.temperature
+    logits = min_p_filter(logits, sampling.min_p)
+    logits = top_k_filter(logits, sampling.top_k)
+    return top_p_filter(logits, sampling.top_p)
+
+
+class RepetitionPenalty(LogitsProcessor):
+    """Greedy decoding's only processor: :func:`repetition_penalty_filter` (``top_k``,
+    ``min_p`` and ``top_p`` cannot change an argmax), so that greedy is the argmax vLLM takes."""
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
+        return repetition_penalty_filter(scores.float(), input_ids, self.penalty)
+
+
 class SeededSampler(LogitsProcessor):
     """A transformers logits processor that samples each row with its own generator.
 
-    It returns scores that are ``0`` for the drawn token and ``-inf`` elsewhere, so that
-    ``generate(do_sample=False)`` emits exactly the token drawn here.
+    Row ``i`` is drawn with ``torch.Generator().manual_seed(seeds[i])`` from the softmax of
+    :func:`processed_logits`. It returns scores that are ``0`` for the drawn token and ``-inf``
+    elsewhere, so that ``generate(do_sample=False)`` emits exactly the token drawn here.
+    ``sampling`` must have ``temperature > 0``.
     """
 
-    def __init__(self, seeds: list[int], temperature: float, top_p: float) -> None:
+    def __init__(self, seeds: list[int], sampling: SamplingConfig) -> None:
+        if sampling.temperature <= 0:
+            raise ValueError("SeededSampler samples: it needs temperature > 0")
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        self.temperature = temperature
-        self.top_p = top_p
+        self.sampling = sampling
         # log-prob of each drawn token under the distribution it was drawn from, per row
         self.logprobs: list[list[float]] = [[] for _ in seeds]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.Tensor:
-        logits = top_p_filter(scores.float() / self.temperature, self.top_p)
+        logits = processed_logits(scores, input_ids, self.sampling)
         probs = logits.softmax(dim=-1).cpu()
         drawn = torch.stack(
             [
@@ -123,9 +193,10 @@ class HFEngine(InferenceEngine):
     ) -> list[tuple[list[list[int]], list[list[float]]]]:
         """Like :meth:`generate`, plus the behaviour log-probs: the log-prob of every sampled
         token under the distribution it was drawn from, ``log_softmax`` of the processed scores
-        (``logits / temperature``, then ``top_p``) in float32, recorded by
-        :class:`SeededSampler` as it draws (so at no extra cost). At ``temperature == 0``
-        (greedy) nothing is sampled: the log-probs are ``[]``."""
+        (:func:`processed_logits`: ``repetition_penalty``, ``/ temperature``, ``min_p``,
+        ``top_k``, ``top_p``) in float32, recorded by :class:`SeededSampler` as it draws (so at
+        no extra cost). At ``temperature == 0`` (greedy) nothing is sampled: the log-probs are
+        ``[]``."""
         return [self._generate_group(request, sampling) for request in requests]
 
     @torch.no_grad()
@@ -146,10 +217,15 @@ class HFEngine(InferenceEngine):
         sampler = None
         if sampling.temperature > 0:
             seeds = [sample_seed(request.seed, i) for i in range(request.n)]
-            sampler = SeededSampler(seeds, sampling.temperature, sampling.top_p)
+            sampler = SeededSampler(seeds, sampling)
             processors.append(sampler)
+        elif sampling.repetition_penalty != 1.0:
+            processors.append(RepetitionPenalty(sampling.repetition_penalty))
         # Every knob that could reshape the distribution is set explicitly: unset (None) fields
         # would be filled from the model's generation_config.json and change what is sampled.
+        # The sampling warpers (top_k, whose default is 50, top_p, min_p, temperature) run only
+        # under do_sample=True: never here, whatever generation_config.json says. The
+        # distribution, ``sampling``'s knobs included, is made by the processors above.
         config = GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=False,

