@@ -11,6 +11,7 @@ from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
 from periodic_rl.algorithms.losses import check_loss_type
 from periodic_rl.optim import check_schedule
 from periodic_rl.rewards import resolve_reward
+from periodic_rl.rollout.types import SamplingConfig
 from periodic_rl.truncation import check_truncation_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,6 +44,7 @@ def check_module_config(args: dict[str, Any]) -> None:
         raise ValueError(f"temperature must be > 0 for RL sampling, got {args['temperature']}")
     if not 0 < args["top_p"] <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {args['top_p']}")
+    check_sampling(args)
     if args["epsilon"] <= 0 or (args["epsilon_high"] is not None and args["epsilon_high"] <= 0):
         raise ValueError("epsilon and epsilon_high must be > 0")
     if args["beta"] < 0:
@@ -78,3 +80,18 @@ def check_module_config(args: dict[str, Any]) -> None:
         resolve_reward(spec)
     if args["lora"] is not None and not isinstance(args["lora"], dict):
         raise ValueError("lora must be a dict of peft LoraConfig arguments, or null")
+
+
+def check_sampling(args: dict[str, Any]) -> None:
+    """Refuse bad sampling knobs (``top_k``, ``min_p``, ``repetition_penalty``, with
+    ``max_new_tokens``, ``temperature`` and ``top_p``) the way the rollouts would, through
+    :class:`~periodic_rl.rollout.types.SamplingConfig`'s own checks. A knob absent from ``args``
+    takes its "off" value."""
+    SamplingConfig(
+        max_new_tokens=args["max_new_tokens"],
+        temperature=args["temperature"],
+        top_p=args["top_p"],
+        top_k=args.get("top_k", 0),
+        min_p=args.get("min_p", 0.0),
+        repetition_penalty=args.get("repetition_penalty", 1.0),
+    )
