@@ -1,7 +1,8 @@
 """Engine/trainer mismatch: the rollout engine's behaviour log-probs against the trainer's.
 
 Even with the same weights (``k = 0`` staleness), the engine that sampled a token (vLLM's kernels,
-another dtype, ``top_p``) and the trainer's forward give it slightly different log-probs. Every
+another dtype, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``) and the trainer's forward
+give it slightly different log-probs. Every
 iteration logs, over the completion tokens whose engine reported log-probs:
 
 - ``mismatch/abs_logp``: mean ``|logp_trainer - logp_behaviour|``;
@@ -11,9 +12,10 @@ iteration logs, over the completion tokens whose engine reported log-probs:
 - with ``tis_cap``: ``mismatch/tis_weight`` (mean truncated importance weight) and
   ``mismatch/tis_capped_frac`` (fraction of tokens whose weight hit the cap).
 
-The trainer's log-probs are those of ``softmax(logits / temperature)`` (no ``top_p``); the
-engines report the distribution they drew from (``top_p`` applied), so ``top_p < 1`` shows up here
-as mismatch too. :func:`~periodic_rl.algorithms.losses.truncated_is_weights` corrects for it.
+The trainer's log-probs are those of ``softmax(logits / temperature)`` (no ``top_p``, ``top_k``,
+``min_p`` or ``repetition_penalty``); the engines report the distribution they drew from (all of
+them applied), so any of these knobs away from its "off" value shows up here as mismatch too.
+:func:`~periodic_rl.algorithms.losses.truncated_is_weights` corrects for it.
 """
 
 from __future__ import annotations
