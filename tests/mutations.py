@@ -56,8 +56,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="on-policy check compares the version only",
         file="src/periodic_rl/on_policy.py",
-        old="        if group.version != version or group.fingerprint != fingerprint:\n",
-        new="        if group.version != version:\n",
+        old="        if not 0 <= staleness <= max_staleness or group.fingerprint != expected:\n",
+        new="        if not 0 <= staleness <= max_staleness:\n",
         tests=(
             f"{STRATEGY_TESTS}::test_rollout_from_other_weights_of_the_current_version_is_refused",
         ),
@@ -250,8 +250,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="every rank draws the same prompts",
         file="src/periodic_rl/data/loader.py",
-        old="            start = (self.position * self.world_size + self.rank) * self.batch_size\n",
-        new="            start = self.position * self.world_size * self.batch_size\n",
+        old="        start = (position * self.world_size + self.rank) * self.batch_size\n",
+        new="        start = position * self.world_size * self.batch_size\n",
         tests=(
             "tests/data/test_loader.py",
             f"{DISTRIBUTED_TESTS}::test_two_ddp_ranks_equal_one_rank[full-overlap]",

@@ -45,6 +45,11 @@ def check_module_config(args: dict[str, Any]) -> None:
     if not 0 < args["top_p"] <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {args['top_p']}")
     check_sampling(args)
+    if not isinstance(args.get("num_iterations", 1), int) or args.get("num_iterations", 1) < 1:
+        raise ValueError(
+            f"num_iterations must be an integer >= 1 (optimizer steps per generated batch), "
+            f"got {args.get('num_iterations')!r}"
+        )
     if args["epsilon"] <= 0 or (args["epsilon_high"] is not None and args["epsilon_high"] <= 0):
         raise ValueError("epsilon and epsilon_high must be > 0")
     if args["beta"] < 0:
@@ -95,3 +100,20 @@ def check_sampling(args: dict[str, Any]) -> None:
         min_p=args.get("min_p", 0.0),
         repetition_penalty=args.get("repetition_penalty", 1.0),
     )
+
+
+def check_run_config(hparams: Any, trainer: Any) -> None:
+    """Refuse settings that only clash with the trainer or its strategy, before engines start."""
+    updates = hparams.get("num_iterations", 1)
+    staleness = getattr(trainer.strategy, "max_staleness", 0)
+    if updates > 1 and staleness > 0:
+        raise ValueError(
+            f"num_iterations={updates} with max_staleness={staleness}: several updates per "
+            "batch are only supported on-policy; set num_iterations: 1 or max_staleness: 0"
+        )
+    if updates > 1 and trainer.max_steps > 0 and trainer.max_steps % updates:
+        raise ValueError(
+            f"trainer.max_steps ({trainer.max_steps}) counts optimizer steps and must be a "
+            f"multiple of num_iterations ({updates}), e.g. max_steps: "
+            f"{trainer.max_steps - trainer.max_steps % updates + updates}"
+        )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from periodic_rl.algorithms.mismatch import mismatch_metrics
+from periodic_rl.rollout.dynamic_sampling import SamplingReport
 from periodic_rl.rollout.types import RolloutGroup
 
 
@@ -40,6 +41,7 @@ class IterationStats:
     loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     groups: list[RolloutGroup] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # -> groups
+    dynamic_sampling: SamplingReport | None = None  # what dynamic sampling dropped and added
 
     def add_groups(self, groups: list[RolloutGroup]) -> None:
         for group in groups:
@@ -98,4 +100,6 @@ class IterationStats:
             for lag, n in sorted(counts.items()):  # the histogram: share of groups per lag
                 out[f"staleness/{lag}"] = n / self.num_groups
         out.update(mismatch_metrics(self.loss))  # engine vs trainer log-probs, when reported
+        if self.dynamic_sampling is not None:  # dynamic_sampling/*: groups dropped, spares
+            out.update(self.dynamic_sampling.metrics())
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, closing
+from contextlib import closing, nullcontext
 from typing import Any
 
 import lightning as L
@@ -19,17 +19,17 @@ import torch
 from periodic_rl import optim
 from periodic_rl.algorithms.losses import (
     loss_denominator,
-    loss_numerator,
-    per_token_policy_loss,
-    truncated_is_weights,
 )
-from periodic_rl.algorithms.mismatch import behaviour_for_loss, importance_cap, mismatch_sums
-from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.compat.lightning import attached_trainer
-from periodic_rl.config_checks import check_module_config
-from periodic_rl.data.loader import IndexedPrompts
+from periodic_rl.config_checks import check_module_config, check_run_config
 from periodic_rl.evaluation import HeldOutEvaluation
-from periodic_rl.iteration import IterationStats, micro_batch_tensors
+from periodic_rl.iteration import IterationStats
+from periodic_rl.micro_batch import (
+    FirstPass,
+    backward_micro_batch,
+    prompts_of_iteration,
+    rollout_request,
+)
 from periodic_rl.models import load_tokenizer, resolve_model
 from periodic_rl.module_setup import (
     build_scorer,
@@ -39,12 +39,11 @@ from periodic_rl.module_setup import (
     reference_model,
 )
 from periodic_rl.on_policy import check_on_policy
-from periodic_rl.rollout.pipeline import RolloutRequest
-from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
+from periodic_rl.rollout.types import RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
 from periodic_rl.sharding import shard_policy
 from periodic_rl.strategies.protocol import RolloutStrategy
-from periodic_rl.truncation import fit_prompts, mask_truncated
+from periodic_rl.truncation import fit_prompts
 from periodic_rl.weight_sync.export import (
     lora_adapter_payload,
     lora_base_state_dict,
@@ -71,9 +70,17 @@ class RLModule(L.LightningModule):
         max_prompt_length, prompt_truncation: a longer prompt keeps its last
             ``max_prompt_length`` tokens (``"left"``, logged as ``prompts_truncated``) or is
             refused before generation (``"error"``; data rows also in ``setup``). None: no limit.
-        temperature, top_p: sampling settings of the rollouts. Training log-probs (ratio, KL,
-            entropy) are those of ``softmax(logits / temperature)``, the distribution the
-            rollouts were sampled from. ``top_p`` truncation is not applied in training.
+        temperature, top_p, top_k, min_p, repetition_penalty: sampling settings of the rollouts
+            (:class:`~periodic_rl.rollout.types.SamplingConfig`), applied identically by both
+            engines in vLLM's order: ``repetition_penalty`` (``> 0``; 1: off; a positive logit of
+            a token already in the prompt or the completion is divided by it, a negative one
+            multiplied), ``/ temperature``, ``min_p`` (in ``[0, 1)``; 0: off; drops tokens less
+            likely than ``min_p`` times the most likely one), ``top_k`` (integer ``>= 0``; 0:
+            off), ``top_p`` (in ``(0, 1]``; 1: off). Training log-probs (ratio, KL, entropy)
+            are those of ``softmax(logits / temperature)``: the trainer applies none of the
+            others, while the engines' behaviour log-probs are those of the processed
+            distribution the tokens were drawn from, so setting any of them shows up as
+            engine/trainer mismatch (``mismatch/*``) and ``tis_cap`` corrects for it.
         learning_rate, weight_decay: AdamW settings.
         lr_scheduler: the learning-rate schedule over the run (``trainer.max_steps``
             iterations): ``constant``, ``constant_with_warmup``, ``linear``, ``cosine``,
@@ -86,6 +93,12 @@ class RLModule(L.LightningModule):
         micro_batch_size: completions per forward/backward; a multiple of ``num_generations``
             so a group never spans two micro-batches. Default: one group, so that overlapped
             training starts on the first finished group (the update does not depend on it).
+        num_iterations: optimizer steps per generated batch (TRL's ``num_iterations``, mu in
+            the GRPO paper). The first update streams with generation as usual; the later ones
+            re-forward the iteration's micro-batches and clip the ratio against the first
+            pass's log-probs. The weights are pushed after the last. ``trainer.max_steps``
+            counts optimizer steps, so it must be a multiple of it. Not with
+            ``max_staleness >= 1``.
         loss_type: ``grpo``, ``bnpo``, ``dr_grpo`` or ``dapo`` (TRL 1.16 meanings, computed over
             the whole iteration however it is split into micro-batches).
         beta: weight of the k3 KL to the reference policy (0 disables the reference forward).
@@ -98,6 +111,8 @@ class RLModule(L.LightningModule):
             ``tis_imp_ratio_cap``; 2 is usual; :mod:`periodic_rl.algorithms.losses`).
             None: off. Needs an engine that reports log-probs (``hf``, ``vllm``). The mismatch
             itself is logged every iteration either way (``mismatch/abs_logp``, ``mismatch/kl``).
+            With the strategy's ``max_staleness >= 1`` the correction is always on (the
+            rollouts come from older weights), with cap 2 unless ``tis_cap`` is set.
         scale_rewards: advantage std scaling: ``group``, ``batch`` or ``none``.
         advantage_baseline: ``grpo`` (group mean) or ``rloo`` (leave-one-out mean).
         max_grad_norm: gradient-norm clip, or None.
@@ -132,6 +147,9 @@ class RLModule(L.LightningModule):
         prompt_truncation: str = "left",
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         learning_rate: float = 1e-5,
         weight_decay: float = 0.0,
         lr_scheduler: str = "constant",
@@ -139,6 +157,7 @@ class RLModule(L.LightningModule):
         warmup_ratio: float = 0.0,
         lr_scheduler_kwargs: dict[str, Any] | None = None,
         micro_batch_size: int | None = None,
+        num_iterations: int = 1,
         loss_type: str = "dapo",
         beta: float = 0.0,
         epsilon: float = 0.2,
@@ -196,6 +215,8 @@ class RLModule(L.LightningModule):
         """Build the scorer and check the rewards on a real row before any engine starts."""
         self.configure_model()
         trainer = attached_trainer(self)
+        if trainer is not None and stage == "fit":
+            check_run_config(self.hparams, trainer)
         datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
         source = datamodule.source if datamodule is not None else None
         self.scorer = build_scorer(self, source)
@@ -232,7 +253,12 @@ class RLModule(L.LightningModule):
     def sampling(self) -> SamplingConfig:
         h = self.hparams
         return SamplingConfig(
-            max_new_tokens=h.max_new_tokens, temperature=h.temperature, top_p=h.top_p
+            max_new_tokens=h.max_new_tokens,
+            temperature=h.temperature,
+            top_p=h.top_p,
+            top_k=h.get("top_k", 0),
+            min_p=h.get("min_p", 0.0),
+            repetition_penalty=h.get("repetition_penalty", 1.0),
         )
 
     def group_seed(self, iteration: int, index: int) -> int:
@@ -254,56 +280,19 @@ class RLModule(L.LightningModule):
         return lora_base_state_dict(self.policy)
 
     # ---- one RL iteration -----------------------------------------------------------------
-    def _rollout_request(
-        self, strategy: RolloutStrategy, iteration: int, rows: list[dict[str, Any]]
-    ) -> tuple[RolloutRequest, int]:
-        """Iteration ``iteration``'s rollouts for every rank's ``rows`` (a collective), and how
-        many of this iteration's prompts were cut to ``max_prompt_length``."""
-        share = strategy.share_prompts(rows)  # every rank's prompts; rank 0 generates them all
-        prompt_ids, cut = self.encode_prompts(share.rows, f"iteration {iteration}: prompt")
-        jobs = [
-            GroupJob(
-                index=i,
-                prompt_ids=ids,
-                n=self.hparams.num_generations,
-                seed=self.group_seed(iteration, i),
-            )
-            for i, ids in enumerate(prompt_ids)
-        ]
-
-        def score(generated):  # runs off the trainer's critical path in overlapped mode
-            index = generated.index
-            return self.scorer.score(generated, share.rows[index], prompt_ids[index])
-
-        batch_scaled = self.hparams.scale_rewards == "batch"
-        on_all_scored = self.scorer.scale_batch if batch_scaled else None
-        request = RolloutRequest(iteration, jobs, share.owners, self.sampling, score, on_all_scored)
-        return request, cut
-
-    def _prompts_of_iteration(self, iteration: int) -> list[dict[str, Any]]:
-        """This rank's rows of a later iteration, from the train loader (bounded staleness)."""
-        loader = self.trainer.train_dataloader
-        if not isinstance(loader, IndexedPrompts):
-            raise TypeError(
-                f"max_staleness >= 1 generates later iterations' prompts ahead, so the train "
-                f"loader must tell them: {type(loader).__name__} has no rows_of_iteration(i). "
-                "Use PromptDataModule (its PromptLoader has it) or add the method to yours"
-            )
-        return loader.rows_of_iteration(iteration)
-
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
         """Generate, score and back-propagate the iteration's groups as they stream in; step."""
         strategy = self.rollout_strategy()
         optimizer = self.optimizers()
-        iteration = self.trainer.global_step
-        request, cut = self._rollout_request(strategy, iteration, batch)
+        iteration = self.trainer.global_step // self.hparams.num_iterations
+        request, cut = rollout_request(self, strategy, iteration, batch)
         ahead = [  # bounded staleness: later iterations, generated with older weights
-            self._rollout_request(strategy, later, self._prompts_of_iteration(later))[0]
+            rollout_request(self, strategy, later, prompts_of_iteration(self.trainer, later))[0]
             for later in strategy.iterations_ahead(
                 iteration, self.trainer.estimated_stepping_batches
             )
         ]
-        stats = IterationStats(started=time.perf_counter(), policy_version=iteration)
+        stats = IterationStats(started=time.perf_counter(), policy_version=strategy.policy_version)
         stats.prompts_truncated = cut if self.hparams.max_prompt_length is not None else None
         micro_batches = strategy.rollout_micro_batches(
             request.jobs,
@@ -314,71 +303,45 @@ class RLModule(L.LightningModule):
             on_all_scored=request.on_all_scored,
             ahead=ahead,
         )
+        first_pass: list[tuple[list[RolloutGroup], FirstPass]] = []
         with closing(micro_batches):  # on an error, stop the iteration's generation at once
             for groups in micro_batches:
                 self._check_on_policy(groups, strategy)
                 stats.add_groups(groups)
-                stats.add_loss(self._backward_micro_batch(groups))
+                loss, kept = self._backward_micro_batch(groups)
+                stats.add_loss(loss)
+                first_pass.append((groups, kept))
+        updates = self.hparams.num_iterations
+        self._update(strategy, optimizer, stats, push=updates == 1)
+        for update in range(1, updates):  # mu > 1: the same rollouts again, clipped
+            for groups, kept in first_pass:
+                stats.add_loss(self._backward_micro_batch(groups, kept)[0])
+            self._update(strategy, optimizer, stats, push=update == updates - 1)
+        stats.finished = time.perf_counter()
+        self.last_iteration = stats  # logged by the RLMetrics callback
 
+    def _update(
+        self, strategy: RolloutStrategy, optimizer: Any, stats: IterationStats, push: bool
+    ) -> None:
+        """One optimizer step on the summed gradients of the iteration's micro-batches; the
+        strategy bumps the policy version and, when ``push``, pushes the new weights."""
         tokens = stats.loss_tokens(self.hparams.mask_truncated_completions)
         self._normalise_gradients(strategy, optimizer, stats.num_sequences, tokens)
         if self.hparams.max_grad_norm is not None:
             self.clip_gradients(optimizer, self.hparams.max_grad_norm, "norm")
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
-        optimizer.step()  # the strategy bumps the policy version and pushes the new weights
+        with nullcontext() if push else strategy.pushes_deferred():
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         optim.step_schedulers(self)  # manual optimization: Lightning does not step them
-        stats.finished = time.perf_counter()
-        self.last_iteration = stats  # logged by the RLMetrics callback
 
-    def _backward_micro_batch(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """Forward the policy (and reference) on one packed micro-batch; backward the loss sum."""
-        h = self.hparams
-        pairs = [(g.prompt_ids, g.completion_ids) for g in groups]
-        forward = dict(
-            shared_prompt=h.shared_prompt,
-            backend=h.attention_backend,
-            pad_token_id=self.tokenizer.pad_token_id,
-            temperature=h.temperature,  # train on the distribution the rollouts sampled from
-        )
-        advantages, _ = micro_batch_tensors(groups, self.device)
-        with ExitStack() as stack:
-            if h.shared_prompt:  # keeps attention packed through checkpointed recomputation
-                stack.enter_context(shared_prompt_attention(self.policy))
-            ref_logps = None
-            if h.beta > 0:
-                with torch.no_grad(), self._reference_model() as reference:
-                    ref_logps, _ = completion_logprobs(reference, pairs, **forward)
-            logps, mask, entropy = completion_logprobs(
-                self.policy, pairs, return_entropy=True, **forward
-            )
-            if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
-                mask = mask_truncated(mask, groups)
-            strategy = self.rollout_strategy()
-            cap = importance_cap(h.get("tis_cap"), strategy.max_staleness)
-            behaviour = behaviour_for_loss(groups, logps, mask, cap, strategy.rollout_engine)
-            weights = None
-            if behaviour is not None and cap is not None:
-                weights = truncated_is_weights(logps, behaviour[0], mask, cap)
-            per_token, stats = per_token_policy_loss(
-                logps,
-                logps.detach(),  # one optimizer step per iteration: old policy == current one
-                advantages,
-                mask,
-                epsilon=h.epsilon,
-                epsilon_high=h.epsilon_high if h.epsilon_high is not None else h.epsilon,
-                beta=h.beta,
-                ref_logps=ref_logps,
-                is_weights=weights,  # None without tis_cap: the loss is exactly the plain one
-            )
-            numerator = loss_numerator(per_token, mask, h.loss_type)
-            self.manual_backward(numerator)
-        stats["entropy_sum"] = (entropy * mask).sum()
-        if behaviour is not None:  # the engine/trainer mismatch (periodic_rl.algorithms.mismatch)
-            stats.update(mismatch_sums(logps, *behaviour, weights, cap))
-        out = {k: float(v) for k, v in stats.items()}
-        out["loss_sum"] = float(numerator.detach())
-        return out
+    def _backward_micro_batch(
+        self, groups: list[RolloutGroup], first: FirstPass | None = None
+    ) -> tuple[dict[str, float], FirstPass]:
+        """Forward the policy (and reference) on one packed micro-batch; backward the loss sum
+        (:func:`periodic_rl.micro_batch.backward_micro_batch`). ``first``: what the
+        iteration's first update kept of this micro-batch (``num_iterations > 1``)."""
+        return backward_micro_batch(self, groups, first)
 
     def _normalise_gradients(
         self, strategy: RolloutStrategy, optimizer: Any, num_sequences: int, num_tokens: int

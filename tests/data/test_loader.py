@@ -38,3 +38,15 @@ def test_too_few_rows_for_every_rank_is_refused():
         PromptLoader(ROWS, 8, 0, True, rank=0, world_size=3)
     with pytest.raises(ValueError, match="rank 2"):
         PromptLoader(ROWS, 2, 0, True, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_rows_of_iteration_are_what_iterating_yields_across_epochs(world_size):
+    """Bounded staleness asks for later iterations' rows before the loader yields them."""
+    for rank in range(world_size):
+        loader = PromptLoader(ROWS, 3, 5, True, rank=rank, world_size=world_size)
+        per_epoch = len(loader)
+        yielded = [rows for _ in range(3) for rows in loader]  # three epochs
+        ahead = PromptLoader(ROWS, 3, 5, True, rank=rank, world_size=world_size)
+        assert [ahead.rows_of_iteration(i) for i in range(3 * per_epoch)] == yielded
+        assert yielded[0] != yielded[per_epoch]  # the epochs are reshuffled

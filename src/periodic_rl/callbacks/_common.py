@@ -29,11 +29,12 @@ def run_dir(trainer: Any) -> Path:
 def finished_iteration(trainer: Any) -> int:
     """The 0-based number of the iteration that just ended, in ``on_train_batch_end``.
 
-    It is the policy version that generated the iteration's rollouts (the number the strategy's
-    :class:`SpanRecorder` tags spans with): one optimizer step per iteration, so the trainer's
-    ``global_step`` has already counted it.
+    It is the policy version the iteration trained from (the number the strategy's
+    :class:`SpanRecorder` tags spans with): with one optimizer step per iteration, the trainer's
+    ``global_step`` has already counted it; with ``num_iterations`` steps, the module says.
     """
-    return trainer.global_step - 1
+    stats = getattr(trainer.lightning_module, "last_iteration", None)
+    return stats.policy_version if stats is not None else trainer.global_step - 1
 
 
 def span_recorder(trainer: Any) -> SpanRecorder | None:

@@ -8,6 +8,10 @@ With several training processes (ranks), each iteration draws one global batch o
 ``world_size x batch_size`` rows from the seeded order and rank ``r`` takes the ``r``-th slice,
 so the ranks' batches, concatenated in rank order, are exactly the batch a one-rank run with
 ``world_size x batch_size`` prompts would draw.
+
+Dynamic sampling (:mod:`periodic_rl.rollout.dynamic_sampling`) draws spare prompts from
+:meth:`PromptLoader.spare_rows`: a seeded order of every training row of its own per iteration,
+the same on every rank and for any ``world_size`` and ``batch_size``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class PromptLoader:
         self.world_size = world_size
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
+        self._spare_order: tuple[tuple[int, int], list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.rows) // (self.batch_size * self.world_size)
@@ -83,6 +88,30 @@ class PromptLoader:
         iterations' prompts before the trainer reaches them)."""
         epoch, position = divmod(iteration, len(self))
         return self._batch(self._order(epoch), position)
+
+    def spare_rows(self, iteration: int, count: int, start: int = 0) -> list[dict[str, Any]]:
+        """Spare rows ``start .. start + count - 1`` of ``iteration`` (dynamic sampling's extra
+        prompts): a seeded permutation of all the training rows, a new one each time it runs
+        out. A function of the loader's seed, ``iteration`` and the spare's number only (not of
+        the rank, ``world_size``, ``batch_size``, ``shuffle`` or the loader's position). Spares
+        may repeat prompts of the iteration's own batch (they get other sampling seeds)."""
+        if iteration < 0 or count < 0 or start < 0:
+            raise ValueError(f"spare_rows({iteration}, {count}, {start}): negative argument")
+        out = []
+        for s in range(start, start + count):
+            cycle, place = divmod(s, len(self.rows))
+            out.append(self.rows[self._spares(iteration, cycle)[place]])
+        return out
+
+    def _spares(self, iteration: int, cycle: int) -> list[int]:
+        key, cached = (iteration, cycle), self._spare_order  # one read: thread-safe
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        seed = ((self.seed * 1_000_003 + iteration) * 1_000_003 + cycle) % 2**62 + 2**62
+        generator = torch.Generator().manual_seed(seed)  # apart from the epochs' seeds
+        order = torch.randperm(len(self.rows), generator=generator).tolist()
+        self._spare_order = key, order
+        return order
 
     def _batch(self, order: list[int], position: int) -> list[dict[str, Any]]:
         start = (position * self.world_size + self.rank) * self.batch_size

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.pipeline import RolloutRequest, StalenessPipeline
 from periodic_rl.rollout.producer import (
     AllScoredFn,
@@ -100,6 +101,7 @@ class RolloutController:
         self.pipeline: StalenessPipeline | None = None
         self._pushed_snapshot: PolicySnapshot | None = None  # the pipeline's first weights
         self._submitted: dict[int, list[tuple[list[int], int]]] = {}  # iteration -> jobs
+        self._defer_pushes = False  # inner steps of num_iterations > 1
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, model_path: str, link: Callable[[], RankLink]) -> None:
@@ -185,12 +187,23 @@ class RolloutController:
         """After an optimizer step: the next version, pushed before the next generation, or,
         with bounded staleness, copied for the pipeline to push when its schedule needs it."""
         self.version += 1
+        if self._defer_pushes:
+            return
         if self.pipeline is None:
             self.push(policy, gathered)
             return
         with self.spans.span("snapshot", "trainer"), gathered():
             if self.link.rank == 0:
                 self.pipeline.offer(self.version, self.snapshots.take(policy))
+
+    @contextmanager
+    def pushes_deferred(self) -> Iterator[None]:
+        """Steps inside bump the version but push nothing: a later step pushes the weights."""
+        self._defer_pushes = True
+        try:
+            yield
+        finally:
+            self._defer_pushes = False
 
     def restore_version(
         self,
@@ -263,6 +276,7 @@ class RolloutController:
         micro_batch_size: int,
         on_all_scored: AllScoredFn | None = None,
         ahead: Sequence[RolloutRequest] = (),
+        dynamic: DynamicSampling | None = None,
     ) -> Iterator[list[RolloutGroup]]:
         """This rank's scored groups of the iteration, in micro-batches of whole groups, in
         completion order; overlapped, each as soon as it is complete, else after the whole
@@ -270,9 +284,14 @@ class RolloutController:
 
         With ``max_staleness >= 1`` the iteration (number :attr:`version`) may already have been
         generated ahead, and ``ahead`` are later iterations to queue
-        (:mod:`periodic_rl.rollout.pipeline`)."""
+        (:mod:`periodic_rl.rollout.pipeline`).
+
+        ``dynamic``: dynamic sampling (:mod:`periodic_rl.rollout.dynamic_sampling`); its
+        ``report`` is set once the iteration's groups are all taken."""
         if self.options.max_staleness > 0:
-            current = RolloutRequest(self.version, jobs, owners, sampling, score, on_all_scored)
+            current = RolloutRequest(
+                self.version, jobs, owners, sampling, score, on_all_scored, dynamic
+            )
             yield from self._pipelined(current, ahead, micro_batch_size)
             return
         if ahead:
@@ -280,7 +299,7 @@ class RolloutController:
         self.spans.new_iteration(self.version)
         group_size = max(1, jobs[0].n) if jobs else 1
         ramp = -(-micro_batch_size // group_size) if self.options.overlap else None
-        plan = IterationPlan(jobs, owners, sampling, self.version, ramp)
+        plan = IterationPlan(jobs, owners, sampling, self.version, ramp, dynamic)
         stream: GroupStream[RolloutGroup] = GroupStream()
         if self.link.rank == 0:
             thread = start_thread(
@@ -297,6 +316,8 @@ class RolloutController:
                 groups = stream.get_micro_batch(micro_batch_size)
                 self.spans.add("wait", "trainer", wait_start, time.time())
                 if groups is None:
+                    if dynamic is not None:
+                        dynamic.report = stream.summary
                     return
                 train_start = time.time()
                 yield groups
@@ -373,6 +394,8 @@ class RolloutController:
                 self.spans.add("wait", "trainer", wait_start, time.time())
                 if groups is None:
                     drained = True
+                    if current.dynamic is not None:
+                        current.dynamic.report = stream.summary
                     return
                 train_start = time.time()
                 yield groups

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
+from periodic_rl.rollout.backend import JobSource
 from periodic_rl.rollout.engine import InferenceEngine, generate_groups
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
@@ -71,12 +72,30 @@ class LocalRollouts:
         groups_per_call: int | None = None,
         ramp_groups: int | None = None,
         cancel: threading.Event | None = None,
+        more_jobs: JobSource | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Every job in one engine call (``groups_per_call`` and ``ramp_groups`` are ignored:
         nothing streams; ``cancel`` is looked at before the call and between the groups).
-        Groups carry the engine's behaviour log-probs, as the Ray workers' do."""
+        Groups carry the engine's behaviour log-probs, as the Ray workers' do.
+
+        ``more_jobs``: after those, the jobs added to it meanwhile, in one engine call per
+        batch taken, until it is closed."""
         if cancel is not None and cancel.is_set():
             return
+        yield from self._generate(jobs, sampling, cancel)
+        while more_jobs is not None and not (cancel is not None and cancel.is_set()):
+            closed = more_jobs.closed  # read first: nothing put before the close is missed
+            batch = more_jobs.next_jobs()
+            if batch:
+                yield from self._generate(batch, sampling, cancel)
+            elif closed:
+                return
+            else:
+                more_jobs.wait(0.1)
+
+    def _generate(
+        self, jobs: list[GroupJob], sampling: SamplingConfig, cancel: threading.Event | None
+    ) -> Iterator[GeneratedGroup]:
         started = time.time()
         outputs = generate_groups(self.engine, [job.request() for job in jobs], sampling)
         finished = time.time()

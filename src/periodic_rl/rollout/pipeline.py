@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.producer import (
     AllScoredFn,
     EndOfIteration,
@@ -54,6 +55,7 @@ class RolloutRequest:
     sampling: SamplingConfig
     score: ScoreFn
     on_all_scored: AllScoredFn | None = None
+    dynamic: DynamicSampling | None = None  # dynamic sampling (DAPO): spares, bound, report
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,12 @@ class StalenessPipeline:
                     version = self.version_for(request.iteration)
                     self._ensure_pushed(version)
                     plan = IterationPlan(
-                        request.jobs, request.owners, request.sampling, version, self.ramp_groups
+                        request.jobs,
+                        request.owners,
+                        request.sampling,
+                        version,
+                        self.ramp_groups,
+                        request.dynamic,
                     )
                     link = _IterationLink(self.link, request.iteration)
                     produce(self.backend, plan, request.score, stream, link, request.on_all_scored)
@@ -288,6 +295,7 @@ class StalenessPipeline:
                 if isinstance(item, EndOfIteration):
                     if item.error is not None:
                         stream.error(RemoteRolloutError(f"rollouts failed on rank 0: {item.error}"))
+                    stream.summary = item.summary
                     stream.close()
                     done.set()
                 else:
@@ -312,7 +320,7 @@ class StalenessPipeline:
         with self._cond:
             self._error = exc
             for iteration, stream in self._streams.items():
-                if not self._generated[iteration].is_set():
+                if not stream.closed:  # not generated to the end: it never will be
                     stream.error(exc)
-                    self._generated[iteration].set()
+                self._generated[iteration].set()
             self._cond.notify_all()

@@ -6,6 +6,12 @@ that owns it: its own groups go into the local :class:`GroupStream`, the others'
 the :class:`RankLink`. :func:`receive` runs on every other rank and fills that rank's stream
 from what rank 0 sends. Each rank's stream ends with an :class:`EndOfIteration` (carrying the
 producer's error, if any), so no rank waits for groups that will never come.
+
+With dynamic sampling (``IterationPlan.dynamic``, :mod:`periodic_rl.rollout.dynamic_sampling`)
+:func:`produce` drops the groups whose rewards are all equal, hands spare jobs to the backend
+while it generates (a :class:`~periodic_rl.rollout.backend.JobSource`), and sends every rank the
+iteration's :class:`~periodic_rl.rollout.dynamic_sampling.SamplingReport` with its
+:class:`EndOfIteration` (rank 0's own goes to ``stream.summary``).
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
+from typing import Any
 
-from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.backend import JobSource, RolloutBackend
+from periodic_rl.rollout.dynamic_sampling import DynamicSampler, DynamicSampling
 from periodic_rl.rollout.ranks import RankLink
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
@@ -26,9 +34,11 @@ AllScoredFn = Callable[[list[RolloutGroup]], None]
 
 @dataclass(frozen=True)
 class EndOfIteration:
-    """The last item rank 0 sends a rank in an iteration; ``error`` when generation failed."""
+    """The last item rank 0 sends a rank in an iteration; ``error`` when generation failed;
+    ``summary``: what the producer reports about the iteration (dynamic sampling's report)."""
 
     error: str | None = None
+    summary: Any = None
 
 
 class RemoteRolloutError(RuntimeError):
@@ -44,6 +54,7 @@ class IterationPlan:
     sampling: SamplingConfig
     version: int
     ramp_groups: int | None  # groups of a micro-batch when overlapped (first and last calls)
+    dynamic: DynamicSampling | None = None  # drop all-equal-reward groups, fill with spares
 
 
 def produce(
@@ -62,7 +73,13 @@ def produce(
     owner = {job.index: rank for job, rank in zip(plan.jobs, plan.owners, strict=True)}
     remote = sorted(set(plan.owners) - {0})
     error: str | None = None
+    summary: Any = None
     try:
+        if plan.dynamic is not None:
+            summary = _produce_dynamic(backend, plan, score, stream, link, on_all_scored)
+            if summary is None:
+                error = "rank 0 stopped its iteration"
+            return
         held: list[RolloutGroup] = []
         calls = backend.generate(
             plan.jobs,
@@ -93,7 +110,61 @@ def produce(
         stream.error(exc)
     finally:
         for rank in remote:
-            link.send(rank, EndOfIteration(error))
+            link.send(rank, EndOfIteration(error, summary))
+
+
+def _produce_dynamic(
+    backend: RolloutBackend,
+    plan: IterationPlan,
+    score: ScoreFn,
+    stream: GroupStream,
+    link: RankLink,
+    on_all_scored: AllScoredFn | None,
+) -> Any:
+    """:func:`produce` with dynamic sampling: returns the iteration's report (None when the
+    local consumer cancelled), having closed ``stream``; raises when it cannot be filled."""
+    sampler = DynamicSampler(plan.jobs, plan.owners, plan.dynamic)
+    source = JobSource()
+    held: list[tuple[RolloutGroup, int]] = []
+    try:
+        calls = backend.generate(
+            plan.jobs,
+            plan.sampling,
+            plan.version,
+            ramp_groups=plan.ramp_groups,
+            cancel=stream.cancel_event,
+            more_jobs=source,
+        )
+        with closing(calls):  # leaving early (full) drops the surplus spares still in flight
+            sampler.check_progress()
+            for generated in calls:
+                if stream.cancelled:
+                    break
+                for group, rank in sampler.add(score(generated)):
+                    if on_all_scored is None:
+                        _route(group, rank, stream, link)
+                    else:
+                        held.append((group, rank))
+                source.put(sampler.requests())
+                if sampler.full:
+                    break
+                sampler.check_progress()
+    finally:
+        source.close()
+    if stream.cancelled:
+        return None
+    if not sampler.full:
+        raise RuntimeError(
+            f"the backend ended the iteration with {sampler.pending} of its groups not generated"
+        )
+    if on_all_scored is not None:  # over the groups kept
+        on_all_scored([group for group, _ in held])
+        for group, rank in held:
+            _route(group, rank, stream, link)
+    report = sampler.report()
+    stream.summary = report
+    stream.close()
+    return report
 
 
 def _route(group: RolloutGroup, rank: int, stream: GroupStream, link: RankLink) -> None:
@@ -113,6 +184,7 @@ def receive(stream: GroupStream, link: RankLink) -> None:
             if isinstance(item, EndOfIteration):
                 if item.error is not None:
                     stream.error(RemoteRolloutError(f"rollouts failed on rank 0: {item.error}"))
+                stream.summary = item.summary
                 stream.close()
                 return
             stream.put(item)  # ignored once cancelled

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from periodic_rl.compat.ray import actor_failed_in_init, set_default_worker_niceness
+from periodic_rl.rollout.backend import JobSource
 from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.ray_pushes import WeightPushes
 from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot
@@ -254,6 +255,7 @@ class RayRollouts(WeightPushes):
         groups_per_call: int | None = None,
         ramp_groups: int | None = None,
         cancel: threading.Event | None = None,
+        more_jobs: JobSource | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Generate every job on the workers; yield each group once, in completion order.
 
@@ -268,6 +270,12 @@ class RayRollouts(WeightPushes):
         are cancelled on their workers (a call already running finishes there, in order, and
         its result is dropped), so none of them reaches a later ``generate``.
 
+        Jobs added to ``more_jobs`` while the generation runs (dynamic sampling's spares) are
+        taken whenever the loop looks for work (before each wait for a call), cut into calls of
+        ``groups_per_call`` and dispatched after the calls already pending; the iterator ends
+        once ``more_jobs`` is closed and every job is generated. Restarts and redispatches
+        treat them like the others.
+
         Checks (workers started, last push good, ``version`` current, unique job indices) run
         at the call, before the first group is asked for.
         """
@@ -280,7 +288,9 @@ class RayRollouts(WeightPushes):
             raise ValueError("job indices must be unique within one generate call")
         size = groups_per_call or self.groups_per_call
         calls = plan_calls(list(jobs), size, self.num_workers, ramp_groups)
-        return self._generate(calls, sampling, version, cancel or threading.Event())
+        return self._generate(
+            calls, sampling, version, cancel or threading.Event(), more_jobs, size
+        )
 
     def _generate(
         self,
@@ -288,6 +298,8 @@ class RayRollouts(WeightPushes):
         sampling: SamplingConfig,
         version: int,
         cancel: threading.Event,
+        more_jobs: JobSource | None = None,
+        size: int = 1,
     ) -> Iterator[GeneratedGroup]:
         import ray
         from ray.exceptions import RayActorError
@@ -297,8 +309,14 @@ class RayRollouts(WeightPushes):
         in_flight: dict[Any, Call] = {}
         yielded: set[int] = set()
         try:
-            while (pending or in_flight) and not cancel.is_set():
+            while not cancel.is_set():
+                more = _take_jobs(more_jobs, pending, expected_indices, size)
+                if not (pending or in_flight or more):
+                    break
                 self._dispatch(pending, in_flight, sampling, version)
+                if not (pending or in_flight):  # only the job source can bring work now
+                    more_jobs.wait(self.poll_s)
+                    continue
                 starting = {s.ready: s for s in self._slots if s.ready is not None}
                 waitables = [*in_flight, *starting]
                 ready, _ = ray.wait(waitables, num_returns=1, timeout=self.poll_s)
@@ -441,3 +459,20 @@ class RayRollouts(WeightPushes):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _take_jobs(
+    source: JobSource | None, pending: deque[list[GroupJob]], indices: set[int], size: int
+) -> bool:
+    """Move the jobs added to ``source`` into ``pending`` (as calls of ``size``); whether more
+    may still come."""
+    if source is None:
+        return False
+    closed = source.closed  # read first: whatever was put before the close is taken below
+    jobs = source.next_jobs()
+    for job in jobs:
+        if job.index in indices:
+            raise ValueError(f"job index {job.index} is used twice in one generate call")
+        indices.add(job.index)
+    pending.extend(jobs[i : i + size] for i in range(0, len(jobs), size))
+    return not closed

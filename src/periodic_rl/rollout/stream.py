@@ -53,6 +53,7 @@ class GroupStream(Generic[T]):
         self._cond = threading.Condition()
         self.num_put = 0
         self.num_taken = 0
+        self.summary: Any = None  # what the producer reports about the whole stream, before close
 
     # ---- producer side ---------------------------------------------------------------------
     def put(self, item: T) -> bool:

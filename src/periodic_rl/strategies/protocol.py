@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from periodic_rl.rollout.controller import PromptShare
+from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
@@ -39,6 +41,10 @@ class RolloutStrategy(Protocol):
         """Later iterations whose rollouts to request now (empty when on-policy)."""
         ...
 
+    def pushes_deferred(self) -> AbstractContextManager[None]:
+        """A context whose optimizer steps push no weights (a later step will)."""
+        ...
+
     @property
     def rollout_engine(self) -> str:
         """The rollout engine's name (``vllm``, ``hf``, ``module:Class``), for messages."""
@@ -63,6 +69,7 @@ class RolloutStrategy(Protocol):
         micro_batch_size: int,
         on_all_scored: AllScoredFn | None = None,
         ahead: Sequence[RolloutRequest] = (),
+        dynamic: DynamicSampling | None = None,
     ) -> Iterator[list[RolloutGroup]]: ...
 
     def divide_gradients(self, optimizer: Any, denominator: float) -> None: ...

@@ -20,6 +20,7 @@ import torch
 
 from periodic_rl.checkpoint import AtomicCheckpointIO
 from periodic_rl.rollout.controller import PromptShare, RolloutController, RolloutOptions
+from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
@@ -156,6 +157,10 @@ class RolloutsMixin:
     def iterations_ahead(self, iteration: int, end: float) -> list[int]:
         return self.rollouts.iterations_ahead(iteration, end)
 
+    def pushes_deferred(self) -> AbstractContextManager[None]:
+        """Optimizer steps inside count as versions but push nothing (``num_iterations``)."""
+        return self.rollouts.pushes_deferred()
+
     @property
     def rollout_engine(self) -> str:
         return self.rollouts.options.engine
@@ -186,9 +191,17 @@ class RolloutsMixin:
         micro_batch_size: int,
         on_all_scored: AllScoredFn | None = None,
         ahead: Sequence[RolloutRequest] = (),
+        dynamic: DynamicSampling | None = None,
     ) -> Iterator[list[RolloutGroup]]:
         """This rank's scored groups, in micro-batches (see
         :meth:`~periodic_rl.rollout.controller.RolloutController.micro_batches`)."""
         return self.rollouts.micro_batches(
-            jobs, owners, sampling, score, micro_batch_size, on_all_scored, ahead=ahead
+            jobs,
+            owners,
+            sampling,
+            score,
+            micro_batch_size,
+            on_all_scored,
+            ahead=ahead,
+            dynamic=dynamic,
         )

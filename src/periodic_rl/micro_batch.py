@@ -1,0 +1,137 @@
+"""One micro-batch of an iteration: what the rollouts are turned into, and its backward.
+
+:func:`rollout_request` turns an iteration's prompt rows into the jobs the rollout side
+generates and the scoring of each finished group; :func:`backward_micro_batch` forwards the
+policy (and the reference) on a packed micro-batch of scored groups and back-propagates the sum
+of its token losses (normalised for the whole iteration later, by ``RLModule``).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from periodic_rl.algorithms.losses import (
+    loss_numerator,
+    per_token_policy_loss,
+    truncated_is_weights,
+)
+from periodic_rl.algorithms.mismatch import behaviour_for_loss, importance_cap, mismatch_sums
+from periodic_rl.attention import completion_logprobs, shared_prompt_attention
+from periodic_rl.data.loader import IndexedPrompts
+from periodic_rl.iteration import micro_batch_tensors
+from periodic_rl.rollout.pipeline import RolloutRequest
+from periodic_rl.rollout.types import GroupJob, RolloutGroup
+from periodic_rl.strategies.protocol import RolloutStrategy
+from periodic_rl.truncation import mask_truncated
+
+if TYPE_CHECKING:
+    from periodic_rl.module import RLModule
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """What the first update of an iteration keeps of a micro-batch for the later ones
+    (``num_iterations > 1``): the old policy's log-probs, the importance weights, the reference
+    log-probs (all ``[N, T]``, detached; None when unused)."""
+
+    old_logps: torch.Tensor
+    is_weights: torch.Tensor | None
+    ref_logps: torch.Tensor | None
+
+
+def rollout_request(
+    module: RLModule, strategy: RolloutStrategy, iteration: int, rows: list[dict[str, Any]]
+) -> tuple[RolloutRequest, int]:
+    """Iteration ``iteration``'s rollouts for every rank's ``rows`` (a collective), and how many
+    of its prompts were cut to ``max_prompt_length``."""
+    share = strategy.share_prompts(rows)  # every rank's prompts; rank 0 generates them all
+    prompt_ids, cut = module.encode_prompts(share.rows, f"iteration {iteration}: prompt")
+    n = module.hparams.num_generations
+    jobs = [
+        GroupJob(index=i, prompt_ids=ids, n=n, seed=module.group_seed(iteration, i))
+        for i, ids in enumerate(prompt_ids)
+    ]
+
+    def score(generated):  # runs off the trainer's critical path in overlapped mode
+        index = generated.index
+        return module.scorer.score(generated, share.rows[index], prompt_ids[index])
+
+    batch_scaled = module.hparams.scale_rewards == "batch"
+    on_all_scored = module.scorer.scale_batch if batch_scaled else None
+    request = RolloutRequest(iteration, jobs, share.owners, module.sampling, score, on_all_scored)
+    return request, cut
+
+
+def prompts_of_iteration(trainer: Any, iteration: int) -> list[dict[str, Any]]:
+    """This rank's rows of a later iteration, from the train loader (bounded staleness)."""
+    loader = trainer.train_dataloader
+    if not isinstance(loader, IndexedPrompts):
+        raise TypeError(
+            f"max_staleness >= 1 generates later iterations' prompts ahead, so the train loader "
+            f"must tell them: {type(loader).__name__} has no rows_of_iteration(i). Use "
+            "PromptDataModule (its PromptLoader has it) or add the method to yours"
+        )
+    return loader.rows_of_iteration(iteration)
+
+
+def backward_micro_batch(
+    module: RLModule, groups: list[RolloutGroup], first: FirstPass | None = None
+) -> tuple[dict[str, float], FirstPass]:
+    """Forward and backward one micro-batch; returns its loss sums and what later updates of
+    the iteration reuse. ``first`` (``num_iterations > 1``): the first update's log-probs are
+    the old policy of the clipped ratio, its importance weights and reference log-probs are
+    reused."""
+    h = module.hparams
+    pairs = [(g.prompt_ids, g.completion_ids) for g in groups]
+    forward = dict(
+        shared_prompt=h.shared_prompt,
+        backend=h.attention_backend,
+        pad_token_id=module.tokenizer.pad_token_id,
+        temperature=h.temperature,  # train on the distribution the rollouts sampled from
+    )
+    advantages, _ = micro_batch_tensors(groups, module.device)
+    behaviour = cap = None
+    with ExitStack() as stack:
+        if h.shared_prompt:  # keeps attention packed through checkpointed recomputation
+            stack.enter_context(shared_prompt_attention(module.policy))
+        logps, mask, entropy = completion_logprobs(
+            module.policy, pairs, return_entropy=True, **forward
+        )
+        if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
+            mask = mask_truncated(mask, groups)
+        if first is None:
+            ref_logps = None
+            if h.beta > 0:
+                with torch.no_grad(), module._reference_model() as reference:
+                    ref_logps, _ = completion_logprobs(reference, pairs, **forward)
+            strategy = module.rollout_strategy()
+            cap = importance_cap(h.get("tis_cap"), strategy.max_staleness)
+            behaviour = behaviour_for_loss(groups, logps, mask, cap, strategy.rollout_engine)
+            weights = None
+            if behaviour is not None and cap is not None:
+                weights = truncated_is_weights(logps, behaviour[0], mask, cap)
+            # the first update's old policy is the current one: ratio 1, gradient not 0
+            first = FirstPass(logps.detach(), weights, ref_logps)
+        per_token, stats = per_token_policy_loss(
+            logps,
+            first.old_logps,
+            advantages,
+            mask,
+            epsilon=h.epsilon,
+            epsilon_high=h.epsilon_high if h.epsilon_high is not None else h.epsilon,
+            beta=h.beta,
+            ref_logps=first.ref_logps,
+            is_weights=first.is_weights,  # None without a cap: exactly the plain loss
+        )
+        numerator = loss_numerator(per_token, mask, h.loss_type)
+        module.manual_backward(numerator)
+    stats["entropy_sum"] = (entropy * mask).sum()
+    if behaviour is not None:  # the engine/trainer mismatch (periodic_rl.algorithms.mismatch)
+        stats.update(mismatch_sums(logps, *behaviour, first.is_weights, cap))
+    out = {k: float(v) for k, v in stats.items()}
+    out["loss_sum"] = float(numerator.detach())
+    return out, first
