@@ -44,6 +44,7 @@ class Mutation:
 
 STRATEGY_TESTS = "tests/strategies/test_periodic_async.py"
 DISTRIBUTED_TESTS = "tests/strategies/test_distributed.py"
+STALENESS_TESTS = "tests/strategies/test_staleness.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation(
@@ -289,6 +290,50 @@ MUTATIONS: list[Mutation] = [
         tests=(
             "tests/algorithms/test_losses.py::test_tis_weights_and_loss_written_out",
             "tests/test_mismatch.py::test_tis_weights_are_capped",
+        ),
+    ),
+    Mutation(
+        name="bounded staleness: the schedule lags 2k versions instead of k",
+        file="src/periodic_rl/rollout/pipeline.py",
+        old="        return max(self.first, iteration - self.max_staleness)\n",
+        new="        return max(self.first, iteration - 2 * self.max_staleness)\n",
+        tests=(
+            "tests/rollout/test_pipeline.py::test_iterations_run_ahead_on_the_fixed_schedule",
+            f"{STALENESS_TESTS}::test_k1_overlapped_equals_synchronous_on_the_fixed_schedule",
+        ),
+    ),
+    Mutation(
+        name="bounded staleness: stale rollouts trained without importance correction",
+        file="src/periodic_rl/algorithms/mismatch.py",
+        old="    if tis_cap is None and max_staleness > 0:\n",
+        new="    if False:\n",
+        tests=(
+            f"{STALENESS_TESTS}::test_stale_update_is_the_importance_corrected_gradient_written_out",
+        ),
+    ),
+    Mutation(
+        name="bounded staleness: groups older than k accepted",
+        file="src/periodic_rl/on_policy.py",
+        old="        if not 0 <= staleness <= max_staleness or group.fingerprint != expected:\n",
+        new="        if not 0 <= staleness or group.fingerprint != expected:\n",
+        tests=("tests/test_on_policy.py",),
+    ),
+    Mutation(
+        name="num_iterations: later updates take the current log-probs as the old policy",
+        file="src/periodic_rl/micro_batch.py",
+        old="            first.old_logps,\n",
+        new="            logps.detach(),\n",
+        tests=(
+            "tests/test_num_iterations.py::test_two_updates_equal_the_written_out_two_epoch_computation",
+        ),
+    ),
+    Mutation(
+        name="num_iterations: every inner step pushes the weights",
+        file="src/periodic_rl/module.py",
+        old="        with nullcontext() if push else strategy.pushes_deferred():\n",
+        new="        with nullcontext():\n",
+        tests=(
+            "tests/test_num_iterations.py::test_two_updates_equal_the_written_out_two_epoch_computation",
         ),
     ),
 ]
