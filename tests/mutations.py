@@ -319,6 +319,13 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/test_on_policy.py",),
     ),
     Mutation(
+        name="bounded staleness: the checkpoint keeps no older weights",
+        file="src/periodic_rl/rollout/controller.py",
+        old="        if self.pipeline is None or self.link.rank != 0:\n            return {}\n",
+        new="        if True:\n            return {}\n",
+        tests=("tests/test_checkpoint.py::test_bounded_staleness_resumes_its_schedule_exactly",),
+    ),
+    Mutation(
         name="num_iterations: later updates take the current log-probs as the old policy",
         file="src/periodic_rl/micro_batch.py",
         old="            first.old_logps,\n",

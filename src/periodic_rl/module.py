@@ -192,6 +192,7 @@ class RLModule(L.LightningModule):
         self.scorer: Scorer | None = None
         self.held_out = HeldOutEvaluation()
         self.loaded_policy_version = 0  # the checkpoint's, for trainer.validate
+        self._loaded_ahead: dict[str, Any] = {}  # the checkpoint's bounded-staleness schedule
         self.last_iteration: IterationStats | None = None
 
     # ---- what users override -------------------------------------------------------------
@@ -383,7 +384,10 @@ class RLModule(L.LightningModule):
 
     # ---- held-out evaluation: Lightning validation (periodic_rl.evaluation) -------------------
     def on_train_start(self) -> None:
-        self.rollout_strategy().sync_version(self.trainer.global_step)  # resumed runs
+        strategy = self.rollout_strategy()
+        strategy.sync_version(self.trainer.global_step)  # resumed runs
+        strategy.resume_ahead(self._loaded_ahead)  # and their bounded-staleness schedule
+        self._loaded_ahead = {}
         if self.hparams.eval_at_start:
             self.held_out.at_train_start(self.trainer)
 
@@ -417,6 +421,7 @@ class RLModule(L.LightningModule):
             "policy_version": self.trainer.global_step,
             "torch_rng": torch.get_rng_state(),
             "eval_history": list(self.eval_history),
+            "ahead": self.rollout_strategy().ahead_state(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -425,6 +430,7 @@ class RLModule(L.LightningModule):
             torch.set_rng_state(state["torch_rng"])
         self.held_out.history = list(state.get("eval_history", []))
         self.loaded_policy_version = int(state.get("policy_version", 0))
+        self._loaded_ahead = state.get("ahead", {})
 
     def configure_callbacks(self) -> list[Any]:
         """Metrics of every iteration are always logged (replace with your own RLMetrics)."""

@@ -100,6 +100,7 @@ class RolloutController:
         self.snapshots = Snapshotter(options.adapter_pushes)
         self.pipeline: StalenessPipeline | None = None
         self._pushed_snapshot: PolicySnapshot | None = None  # the pipeline's first weights
+        self._resumed: tuple[int, dict[int, PolicySnapshot]] | None = None  # from a checkpoint
         self._submitted: dict[int, list[tuple[list[int], int]]] = {}  # iteration -> jobs
         self._defer_pushes = False  # inner steps of num_iterations > 1
 
@@ -215,6 +216,29 @@ class RolloutController:
         if version != self.version:
             self.version = version
             self.push(policy, gathered)
+
+    def ahead_state(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume bounded staleness exactly: the schedule's start and
+        the older weights the untrained iterations will be generated with (rank 0; empty when
+        nothing runs ahead)."""
+        if self.pipeline is None or self.link.rank != 0:
+            return {}
+        pending = self.pipeline.pending_snapshots(self.version)
+        return {
+            "schedule_start": self.pipeline.first,
+            "snapshots": {v: snap.to_checkpoint() for v, snap in pending.items()},
+        }
+
+    def resume_ahead(self, state: dict[str, Any], policy: PushablePolicy) -> None:
+        """Resume the schedule saved by :meth:`ahead_state` (rank 0, before the first
+        iteration; ignored when this run does not run ahead)."""
+        if not state or self.options.max_staleness == 0 or self.link.rank != 0:
+            return
+        snapshots = {
+            int(v): self.snapshots.from_checkpoint(policy, saved)
+            for v, saved in state["snapshots"].items()
+        }
+        self._resumed = (int(state["schedule_start"]), snapshots)
 
     # ---- prompts and rollouts -------------------------------------------------------------------
     def share_prompts(self, rows: list[Any]) -> PromptShare:
@@ -365,9 +389,13 @@ class RolloutController:
                 self.backend,
                 lambda snapshot, version: self.pusher.push(self.backend, snapshot, version)[1],
                 ramp,
+                schedule_start=self._resumed[0] if self._resumed else None,
             )
             if self.link.rank == 0:
                 self.pipeline.offer(self.version, self._pushed_snapshot)
+                for version, snapshot in (self._resumed[1] if self._resumed else {}).items():
+                    self.pipeline.offer(version, snapshot)
+            self._resumed = None
         pipeline = self.pipeline
         for request in [current, *ahead]:
             jobs = [(job.prompt_ids, job.seed) for job in request.jobs]

@@ -107,6 +107,8 @@ class StalenessPipeline:
         link: the ranks (rank 0 generates, the others receive).
         backend, push: rank 0's engines, and how to push a snapshot to them as a version.
         ramp_groups: groups of the first and last calls of an iteration (one micro-batch).
+        schedule_start: the run's first version, when it is older than ``first_version`` (a
+            resumed run whose checkpoint kept the snapshots its next iterations need).
     """
 
     def __init__(
@@ -118,12 +120,14 @@ class StalenessPipeline:
         backend: RolloutBackend | None = None,
         push: PushFn | None = None,
         ramp_groups: int | None = None,
+        schedule_start: int | None = None,
     ) -> None:
         if max_staleness < 1:
             raise ValueError(f"StalenessPipeline needs max_staleness >= 1, got {max_staleness}")
         if link.rank == 0 and (backend is None or push is None):
             raise ValueError("rank 0's pipeline needs the backend and a push function")
-        self.max_staleness, self.first = max_staleness, first_version
+        self.max_staleness = max_staleness
+        self.first = first_version if schedule_start is None else schedule_start
         self.link, self.backend, self._push, self.ramp_groups = link, backend, push, ramp_groups
         self.fingerprints = {first_version: fingerprint}
         self.engine_version: int | None = first_version  # None: unknown (evaluation pushed)
@@ -177,10 +181,18 @@ class StalenessPipeline:
         done.wait()
 
     def forget(self, iteration: int) -> None:
-        """``iteration`` was trained: drop its stream."""
+        """``iteration`` was trained: drop its stream, and the weights no later iteration needs
+        (until then they are kept, for a checkpoint to resume the schedule exactly)."""
         with self._cond:
             self._streams.pop(iteration, None)
             self._generated.pop(iteration, None)
+            for old in [v for v in self._snapshots if v < self.version_for(iteration + 1)]:
+                del self._snapshots[old]
+
+    def pending_snapshots(self, current: int) -> dict[int, PushablePolicy]:
+        """The offered weights older than ``current`` that untrained iterations still need."""
+        with self._cond:
+            return {v: snap for v, snap in self._snapshots.items() if v < current}
 
     def fingerprint_of(self, version: int) -> str | None:
         """The fingerprint the engines confirmed for ``version`` (None: never pushed)."""
@@ -270,8 +282,6 @@ class StalenessPipeline:
         with self._cond:
             self.engine_version = version
             self.fingerprints[version] = fingerprint
-            for old in [v for v in self._snapshots if v < version]:
-                del self._snapshots[old]  # later iterations need this version or newer
         for rank in range(1, self.link.world_size):
             self.link.send(rank, VersionPushed(version, fingerprint))
 

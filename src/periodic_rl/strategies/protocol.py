@@ -41,6 +41,14 @@ class RolloutStrategy(Protocol):
         """Later iterations whose rollouts to request now (empty when on-policy)."""
         ...
 
+    def ahead_state(self) -> dict[str, Any]:
+        """What a checkpoint must keep to resume bounded staleness exactly (rank 0)."""
+        ...
+
+    def resume_ahead(self, state: dict[str, Any]) -> None:
+        """Continue the bounded-staleness schedule saved by :meth:`ahead_state`."""
+        ...
+
     def pushes_deferred(self) -> AbstractContextManager[None]:
         """A context whose optimizer steps push no weights (a later step will)."""
         ...

@@ -157,6 +157,13 @@ class RolloutsMixin:
     def iterations_ahead(self, iteration: int, end: float) -> list[int]:
         return self.rollouts.iterations_ahead(iteration, end)
 
+    def ahead_state(self) -> dict[str, Any]:
+        """For the checkpoint: what resuming bounded staleness exactly needs."""
+        return self.rollouts.ahead_state()
+
+    def resume_ahead(self, state: dict[str, Any]) -> None:
+        self.rollouts.resume_ahead(state, self.lightning_module)
+
     def pushes_deferred(self) -> AbstractContextManager[None]:
         """Optimizer steps inside count as versions but push nothing (``num_iterations``)."""
         return self.rollouts.pushes_deferred()

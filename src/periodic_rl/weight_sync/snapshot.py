@@ -29,6 +29,11 @@ class PolicySnapshot:
     adapter: dict[str, torch.Tensor] | None
     base: dict[str, torch.Tensor] | None
 
+    def to_checkpoint(self) -> dict[str, dict[str, torch.Tensor] | None]:
+        """Plain tensors for a checkpoint (``weights_only`` loadable; the frozen base is not
+        saved: it is the model's)."""
+        return {"state": self.state, "adapter": self.adapter}
+
     def rollout_state_dict(self) -> dict[str, torch.Tensor]:
         if self.state is None:
             raise RuntimeError("this snapshot holds an adapter, not full weights")
@@ -64,6 +69,18 @@ class Snapshotter:
             return PolicySnapshot(
                 policy.model_path, _copied(policy.rollout_state_dict()), None, None
             )
+        return PolicySnapshot(policy.model_path, None, _copied(adapter), self.base(policy))
+
+    def base(self, policy: PushablePolicy) -> dict[str, torch.Tensor]:
+        """The copy of ``policy``'s frozen LoRA base (taken once)."""
         if self._base is None:
             self._base = _copied(policy.rollout_base_state_dict())
-        return PolicySnapshot(policy.model_path, None, _copied(adapter), self._base)
+        return self._base
+
+    def from_checkpoint(
+        self, policy: PushablePolicy, saved: dict[str, dict[str, torch.Tensor] | None]
+    ) -> PolicySnapshot:
+        """A snapshot saved by :meth:`PolicySnapshot.to_checkpoint`, its base from ``policy``."""
+        adapter = saved.get("adapter")
+        base = self.base(policy) if adapter is not None else None
+        return PolicySnapshot(policy.model_path, saved.get("state"), adapter, base)
