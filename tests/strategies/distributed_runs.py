@@ -53,7 +53,7 @@ class RecordedModule(SGDModule):
     """Writes down, per rank, the groups it trained on and any stale group it refused."""
 
     def on_fit_start(self) -> None:
-        self.seen: dict[str, list] = {"groups": [], "refused": []}
+        self.seen: dict[str, list] = {"groups": [], "refused": [], "versions": []}
 
     def _check_on_policy(self, groups, strategy) -> None:
         try:
@@ -62,6 +62,7 @@ class RecordedModule(SGDModule):
             self.seen["refused"].append(str(error))
             raise
         self.seen["groups"] += [(self.trainer.global_step, g.index) for g in groups]
+        self.seen["versions"] += [(self.trainer.global_step, g.version) for g in groups]
 
 
 class OtherWeightsController(RolloutController):
@@ -187,6 +188,8 @@ def run_named(run: str, out: Path) -> None:
         num_val = 4 if run == "full-overlap" else 0  # held-out evaluation at start and end
         strategy = rollouts(overlap=run.endswith("overlap"))
         fit(out, run, strategy, steps=steps, lora=lora, num_val=num_val)
+    elif run == "stale1-overlap":  # bounded staleness, k = 1, two workers
+        fit(out, run, rollouts(workers=2, max_staleness=1), num_val=2)
     elif run == "fsdp-overlap":
         fit(out, run, rollouts(PeriodicAsyncFSDPStrategy))
     elif run == "stale":  # synchronous: every rank surely receives its groups before any raises

@@ -36,7 +36,7 @@ def selected_runs(session: pytest.Session) -> list[str]:
         for run in mark.args
     }
     order = ["full-overlap", "full-sync", "lora-overlap", "lora-sync", "kill", "resume"]
-    order.append("fsdp-overlap")
+    order += ["fsdp-overlap", "stale1-overlap"]
     return [run for run in [*order, "stale"] if run in wanted]  # stale last: its fit fails
 
 
@@ -69,13 +69,18 @@ def one_rank(tiny_llama_path):
     """1-rank references over the same 2 x BATCH prompts per iteration, by (lora, steps)."""
     cache: dict[tuple[bool, int], dict[str, torch.Tensor]] = {}
 
-    def get(lora: bool, steps: int = 3) -> dict[str, torch.Tensor]:
-        if (lora, steps) not in cache:
+    def get(lora: bool, steps: int = 3, staleness: int = 0) -> dict[str, torch.Tensor]:
+        if (lora, steps, staleness) not in cache:
             kwargs = {"lora": LORA} if lora else {}
-            cache[lora, steps] = train(
-                tiny_llama_path, steps=steps, batch_size=2 * BATCH, **kwargs
+            strategy = {"engine": "hf", "use_ray": False, "overlap": False}
+            cache[lora, steps, staleness] = train(
+                tiny_llama_path,
+                steps=steps,
+                batch_size=2 * BATCH,
+                strategy={**strategy, "max_staleness": staleness},
+                **kwargs,
             )[0]
-        return cache[lora, steps]
+        return cache[lora, steps, staleness]
 
     return get
 
@@ -165,6 +170,22 @@ def test_two_fsdp_ranks_equal_one_rank(two_rank_runs, one_rank):
     outcome = result(two_rank_runs, "fsdp-overlap")
     assert outcome["error"] is None
     assert_equal_params(outcome["params"], one_rank(False), "fsdp")
+
+
+@runs("stale1-overlap")
+def test_bounded_staleness_on_two_ranks_equals_one_rank(two_rank_runs, one_rank):
+    """k = 1 on two ranks: every rank's iteration j trains on groups of version max(0, j - 1)
+    (rank 1 checks them against the fingerprints rank 0 sends), evaluation pauses the
+    pipeline on both, and the update equals the one-rank k = 1 run's."""
+    outcome = result(two_rank_runs, "stale1-overlap")
+    assert outcome["error"] is None
+    for rank in (0, 1):
+        record = seen(two_rank_runs, "stale1-overlap", rank)
+        assert record["error"] is None and record["version"] == 3
+        assert sorted({tuple(v) for v in record["versions"]}) == [(0, 0), (1, 0), (2, 1)]
+        assert [h["tag"] for h in record["eval"]] == ["start", "end"]
+    assert_equal_params(outcome["params"], one_rank(False, 3, staleness=1), "stale1")
+    assert max_diff(outcome["params"], one_rank(False, 3)) > 1e-4  # not the on-policy update
 
 
 def test_strategies_are_rollout_strategies():
