@@ -50,8 +50,13 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="overlap switched off (the producer always joined first)",
         file="src/periodic_rl/rollout/controller.py",
-        old="            if not self.options.overlap:\n                with self.spans.span(",
-        new="            if True:\n                with self.spans.span(",
+        old=(
+            "            if not self.options.overlap:\n"
+            '                with self.spans.span("wait", "trainer"):\n'
+            "                    thread.join()"
+        ),
+        new='            if True:\n                with self.spans.span("wait", "trainer"):\n'
+        "                    thread.join()",
         tests=(f"{STRATEGY_TESTS}::test_training_starts_before_the_last_group_is_generated",),
     ),
     Mutation(
@@ -114,9 +119,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="training ignores the sampling temperature",
-        file="src/periodic_rl/module.py",
+        file="src/periodic_rl/micro_batch.py",
         old=(
-            "            temperature=h.temperature,"
+            "        temperature=h.temperature,"
             "  # train on the distribution the rollouts sampled from\n"
         ),
         new="",
@@ -131,9 +136,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="KL penalty dropped from the loss",
-        file="src/periodic_rl/module.py",
-        old="                beta=h.beta,\n",
-        new="                beta=0.0,\n",
+        file="src/periodic_rl/micro_batch.py",
+        old="            beta=h.beta,\n",
+        new="            beta=0.0,\n",
         tests=("tests/test_module_training.py",),
     ),
     Mutation(

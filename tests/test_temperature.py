@@ -11,7 +11,7 @@ import pytest
 import torch
 from rl_helpers import train
 
-import periodic_rl.module as module_mod
+import periodic_rl.micro_batch as module_mod
 from periodic_rl.attention import completion_logprobs
 from periodic_rl.models import load_causal_lm
 from periodic_rl.rollout.hf_engine import HFEngine
