@@ -30,6 +30,14 @@ class IndexedPrompts(Protocol):
     def rows_of_iteration(self, iteration: int) -> list[dict[str, Any]]: ...
 
 
+@runtime_checkable
+class SparePrompts(Protocol):
+    """A train loader that can draw spare prompts for an iteration (what dynamic sampling
+    needs to refill an iteration whose groups it dropped)."""
+
+    def spare_rows(self, iteration: int, count: int, start: int = 0) -> list[dict[str, Any]]: ...
+
+
 class PromptLoader:
     """Batches of ``batch_size`` rows, reshuffled (seeded) every epoch; the last short batch is
     dropped so every iteration has the same number of groups (on every rank).
