@@ -331,6 +331,13 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/test_checkpoint.py::test_bounded_staleness_resumes_its_schedule_exactly",),
     ),
     Mutation(
+        name="dynamic sampling keeps zero-variance groups",
+        file="src/periodic_rl/rollout/dynamic_sampling.py",
+        old="    return not group.rewards or max(group.rewards) == min(group.rewards)\n",
+        new="    return False\n",
+        tests=("tests/test_dynamic_sampling_training.py",),
+    ),
+    Mutation(
         name="num_iterations: later updates take the current log-probs as the old policy",
         file="src/periodic_rl/micro_batch.py",
         old="            first.old_logps,\n",

@@ -50,6 +50,16 @@ def check_module_config(args: dict[str, Any]) -> None:
             f"num_iterations must be an integer >= 1 (optimizer steps per generated batch), "
             f"got {args.get('num_iterations')!r}"
         )
+    if args.get("dynamic_sampling_max_batches", 1) < 1:
+        raise ValueError(
+            "dynamic_sampling_max_batches must be >= 1 (spares, in iterations' worth of "
+            f"groups), got {args['dynamic_sampling_max_batches']}"
+        )
+    if args.get("dynamic_sampling_spares_ahead", 0) < 0:
+        raise ValueError(
+            "dynamic_sampling_spares_ahead must be >= 0, got "
+            f"{args['dynamic_sampling_spares_ahead']}"
+        )
     if args["epsilon"] <= 0 or (args["epsilon_high"] is not None and args["epsilon_high"] <= 0):
         raise ValueError("epsilon and epsilon_high must be > 0")
     if args["beta"] < 0:

@@ -21,8 +21,9 @@ from periodic_rl.algorithms.losses import (
 )
 from periodic_rl.algorithms.mismatch import behaviour_for_loss, importance_cap, mismatch_sums
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
-from periodic_rl.data.loader import IndexedPrompts
+from periodic_rl.data.loader import IndexedPrompts, SparePrompts
 from periodic_rl.iteration import micro_batch_tensors
+from periodic_rl.rollout.dynamic_sampling import DynamicSampling, SpareJobs
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.types import GroupJob, RolloutGroup
 from periodic_rl.strategies.protocol import RolloutStrategy
@@ -50,20 +51,53 @@ def rollout_request(
     of its prompts were cut to ``max_prompt_length``."""
     share = strategy.share_prompts(rows)  # every rank's prompts; rank 0 generates them all
     prompt_ids, cut = module.encode_prompts(share.rows, f"iteration {iteration}: prompt")
-    n = module.hparams.num_generations
+    h = module.hparams
+    n = h.num_generations
     jobs = [
         GroupJob(index=i, prompt_ids=ids, n=n, seed=module.group_seed(iteration, i))
         for i, ids in enumerate(prompt_ids)
     ]
+    spares = dynamic = None
+    if h.get("dynamic_sampling", False):  # DAPO: zero-variance groups replaced by spares
+        spares = spare_jobs(module, iteration, first_index=len(jobs))
+        dynamic = DynamicSampling(
+            spares,
+            max_spares=h.dynamic_sampling_max_batches * len(jobs),
+            spares_ahead=h.dynamic_sampling_spares_ahead,
+        )
 
     def score(generated):  # runs off the trainer's critical path in overlapped mode
         index = generated.index
+        if spares is not None and spares.is_spare(index):
+            row, ids = spares.row(index)
+            return module.scorer.score(generated, row, ids)
         return module.scorer.score(generated, share.rows[index], prompt_ids[index])
 
-    batch_scaled = module.hparams.scale_rewards == "batch"
-    on_all_scored = module.scorer.scale_batch if batch_scaled else None
-    request = RolloutRequest(iteration, jobs, share.owners, module.sampling, score, on_all_scored)
+    on_all_scored = module.scorer.scale_batch if h.scale_rewards == "batch" else None
+    request = RolloutRequest(
+        iteration, jobs, share.owners, module.sampling, score, on_all_scored, dynamic
+    )
     return request, cut
+
+
+def spare_jobs(module: RLModule, iteration: int, first_index: int) -> SpareJobs:
+    """The spare prompt groups of dynamic sampling, drawn in a seeded order from the train
+    loader (the same list for every rank: N ranks train the groups one rank would)."""
+    loader = module.trainer.train_dataloader
+    if not isinstance(loader, SparePrompts):
+        raise TypeError(
+            f"dynamic_sampling draws spare prompts from the train loader: "
+            f"{type(loader).__name__} has no spare_rows(iteration, count, start). Use "
+            "PromptDataModule (its PromptLoader has it) or add the method to yours"
+        )
+    where = f"iteration {iteration}: spare prompt"
+    return SpareJobs(
+        first_index=first_index,  # after every rank's originals
+        row=lambda s: loader.spare_rows(iteration, 1, start=s)[0],
+        encode=lambda row: module.encode_prompts([row], where)[0][0],
+        n=module.hparams.num_generations,
+        seed=lambda index: module.group_seed(iteration, index),
+    )
 
 
 def prompts_of_iteration(trainer: Any, iteration: int) -> list[dict[str, Any]]:

@@ -11,10 +11,16 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+
+#: Held around every use of a tokenizer that may run on two threads at once (encoding the
+#: prompts of later iterations on the trainer's thread while the rollout thread decodes and
+#: encodes spares): a fast tokenizer raises "Already borrowed" when used concurrently.
+TOKENIZER_LOCK = threading.RLock()
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -99,6 +99,17 @@ class RLModule(L.LightningModule):
             pass's log-probs. The weights are pushed after the last. ``trainer.max_steps``
             counts optimizer steps, so it must be a multiple of it. Not with
             ``max_staleness >= 1``.
+        dynamic_sampling: DAPO's dynamic sampling: a group whose rewards are all equal (zero
+            advantage, no gradient) is dropped and replaced by a spare prompt group, streamed:
+            the iteration trains on the first ``batch`` groups with reward variance, taking the
+            originals, then the spares in a seeded order (so the trained set does not depend on
+            timing or on the number of ranks). ``dynamic_sampling/*`` metrics count what was
+            dropped and added (:mod:`periodic_rl.rollout.dynamic_sampling`).
+        dynamic_sampling_max_batches: at most this many times the iteration's groups as spares
+            (verl's ``max_num_gen_batches``); then the iteration fails with
+            ``DynamicSamplingError`` rather than train on fewer groups.
+        dynamic_sampling_spares_ahead: spares generated beyond the shortfall once a group was
+            dropped (0: none generated for nothing; more: the iteration fills sooner).
         loss_type: ``grpo``, ``bnpo``, ``dr_grpo`` or ``dapo`` (TRL 1.16 meanings, computed over
             the whole iteration however it is split into micro-batches).
         beta: weight of the k3 KL to the reference policy (0 disables the reference forward).
@@ -158,6 +169,9 @@ class RLModule(L.LightningModule):
         lr_scheduler_kwargs: dict[str, Any] | None = None,
         micro_batch_size: int | None = None,
         num_iterations: int = 1,
+        dynamic_sampling: bool = False,
+        dynamic_sampling_max_batches: int = 4,
+        dynamic_sampling_spares_ahead: int = 0,
         loss_type: str = "dapo",
         beta: float = 0.0,
         epsilon: float = 0.2,
@@ -303,6 +317,7 @@ class RLModule(L.LightningModule):
             micro_batch_size=self.micro_batch_size,
             on_all_scored=request.on_all_scored,
             ahead=ahead,
+            dynamic=request.dynamic,
         )
         first_pass: list[tuple[list[RolloutGroup], FirstPass]] = []
         with closing(micro_batches):  # on an error, stop the iteration's generation at once
@@ -312,6 +327,8 @@ class RLModule(L.LightningModule):
                 loss, kept = self._backward_micro_batch(groups)
                 stats.add_loss(loss)
                 first_pass.append((groups, kept))
+        if request.dynamic is not None:
+            stats.dynamic_sampling = request.dynamic.report  # dynamic_sampling/* metrics
         updates = self.hparams.num_iterations
         self._update(strategy, optimizer, stats, push=updates == 1)
         for update in range(1, updates):  # mu > 1: the same rollouts again, clipped

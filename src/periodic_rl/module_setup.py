@@ -10,7 +10,7 @@ from typing import Any
 
 from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import DTYPES
-from periodic_rl.models import load_causal_lm
+from periodic_rl.models import TOKENIZER_LOCK, load_causal_lm
 from periodic_rl.rewards import RewardModel, resolve_reward
 from periodic_rl.scoring import Scorer
 from periodic_rl.truncation import eos_token_ids
@@ -100,6 +100,13 @@ def encode_prompt(
 ) -> list[int]:
     """Token ids of a prompt, through the tokenizer's own chat template when it has one; a
     string becomes a user message, after ``system_prompt`` when given."""
+    with TOKENIZER_LOCK:
+        return _encode_prompt(tokenizer, prompt, system_prompt)
+
+
+def _encode_prompt(
+    tokenizer: Any, prompt: str | list[dict[str, str]], system_prompt: str | None
+) -> list[int]:
     if isinstance(prompt, str):
         if tokenizer.chat_template is None:
             return tokenizer(prompt, add_special_tokens=True)["input_ids"]

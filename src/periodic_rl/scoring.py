@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from periodic_rl.algorithms.advantages import group_advantages
+from periodic_rl.models import TOKENIZER_LOCK
 from periodic_rl.rewards import RewardFunc, check_rewards, reward_name
 from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup
 from periodic_rl.truncation import is_truncated, overlong_penalty
@@ -86,9 +87,10 @@ class Scorer:
         ``held_out``: a held-out evaluation group (its own length cap): the task rewards only,
         no truncation flags and no overlong penalty."""
         n = len(generated.completion_ids)
-        completions = self.tokenizer.batch_decode(
-            generated.completion_ids, skip_special_tokens=True
-        )
+        with TOKENIZER_LOCK:  # the rollout thread; the trainer's may be encoding
+            completions = self.tokenizer.batch_decode(
+                generated.completion_ids, skip_special_tokens=True
+            )
         columns = {k: [v] * n for k, v in row.items() if k != "prompt"}
         totals, components = self.rewards([row["prompt"]] * n, completions, columns)
         truncated = []
