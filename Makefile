@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench clean mutations
+.PHONY: venv demo test lint format bench bench-staleness clean mutations
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"  # TRL: benchmark only
 	$(PY) benchmarks/vs_trl.py --max-wait 120
+
+# max_staleness k = 0, 1, 2 (docs/staleness.md); about an hour on 2 cores
+bench-staleness: $(STAMP)
+	$(PY) benchmarks/staleness.py --max-load 1.5 --max-wait 300
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
     p.add_argument("--iterations", type=int, default=None, help="per fit (default 20)")
-    p.add_argument("--warmup", type=int, default=None, help="iterations not timed (default 2)")
+    p.add_argument("--warmup", type=int, default=None, help="iterations not timed (default 3)")
     p.add_argument("--tail", type=int, default=None, help="last iterations not timed (max k)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts (groups) per iteration")
     p.add_argument("--num-generations", type=int, default=8)
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     q = args.quick
     args.seeds = args.seeds if args.seeds is not None else ([0] if q else [0, 1, 2])
     args.iterations = args.iterations or (6 if q else 20)
-    args.warmup = args.warmup if args.warmup is not None else 2
+    args.warmup = args.warmup if args.warmup is not None else (2 if q else 3)
     args.tail = args.tail if args.tail is not None else max(args.ks)
     name = "staleness_quick.json" if q else "staleness.json"
     args.output = args.output or RESULTS_DIR / name
