@@ -164,8 +164,8 @@ class RolloutController:
         with gathered():
             if self.link.rank == 0:
                 try:
-                    if self.options.max_staleness > 0:  # a pipeline starts from these weights
-                        self._pushed_snapshot = self.snapshots.take(policy)
+                    if self.options.max_staleness > 0 and self.pipeline is None:
+                        self._pushed_snapshot = self.snapshots.take(policy)  # its first weights
                     outcome = self.pusher.push(self.backend, policy, self.version)
                 except Exception as error:
                     outcome = f"{type(error).__name__}: {error}"
@@ -393,6 +393,7 @@ class RolloutController:
             )
             if self.link.rank == 0:
                 self.pipeline.offer(self.version, self._pushed_snapshot)
+                self._pushed_snapshot = None  # the pipeline holds it as long as it is needed
                 for version, snapshot in (self._resumed[1] if self._resumed else {}).items():
                     self.pipeline.offer(version, snapshot)
             self._resumed = None
