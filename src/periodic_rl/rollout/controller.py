@@ -335,17 +335,9 @@ class RolloutController:
             if not self.options.overlap:
                 with self.spans.span("wait", "trainer"):
                     thread.join()  # the synchronous baseline: generate everything, then train
-            while True:
-                wait_start = time.time()
-                groups = stream.get_micro_batch(micro_batch_size)
-                self.spans.add("wait", "trainer", wait_start, time.time())
-                if groups is None:
-                    if dynamic is not None:
-                        dynamic.report = stream.summary
-                    return
-                train_start = time.time()
-                yield groups
-                self.spans.add("train micro-batch", "trainer", train_start, time.time())
+            yield from self._timed_micro_batches(stream, micro_batch_size)
+            if dynamic is not None:
+                dynamic.report = stream.summary
         finally:
             stream.cancel()  # a no-op once drained; else the producer stops generating
             thread.join()
@@ -417,20 +409,27 @@ class RolloutController:
             if not self.options.overlap:
                 with self.spans.span("wait", "trainer"):
                     pipeline.wait_generated(current.iteration)
-            while True:
-                wait_start = time.time()
-                groups = stream.get_micro_batch(micro_batch_size)
-                self.spans.add("wait", "trainer", wait_start, time.time())
-                if groups is None:
-                    drained = True
-                    if current.dynamic is not None:
-                        current.dynamic.report = stream.summary
-                    return
-                train_start = time.time()
-                yield groups
-                self.spans.add("train micro-batch", "trainer", train_start, time.time())
+            yield from self._timed_micro_batches(stream, micro_batch_size)
+            drained = True
+            if current.dynamic is not None:
+                current.dynamic.report = stream.summary
         finally:
             pipeline.forget(current.iteration)
             self._submitted.pop(current.iteration, None)
             if not drained:  # the training step failed: stop generating ahead
                 self.close_pipeline()
+
+    def _timed_micro_batches(
+        self, stream: GroupStream[RolloutGroup], micro_batch_size: int
+    ) -> Iterator[list[RolloutGroup]]:
+        """``stream``'s micro-batches until it is drained, the trainer's waits and training
+        between them recorded as spans."""
+        while True:
+            wait_start = time.time()
+            groups = stream.get_micro_batch(micro_batch_size)
+            self.spans.add("wait", "trainer", wait_start, time.time())
+            if groups is None:
+                return
+            train_start = time.time()
+            yield groups
+            self.spans.add("train micro-batch", "trainer", train_start, time.time())
