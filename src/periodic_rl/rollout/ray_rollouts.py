@@ -20,11 +20,11 @@ worker had already finished are kept; nothing is lost or yielded twice, and the 
 those of a fault-free run (engines are seeded per group).
 
 Ray is started only by :meth:`RayRollouts.start` (the strategy's setup, never at import),
-locally unless ``ray_address`` is given. Network exposure of a local Ray 2.60 cluster (checked
-with ``ss -ltnp``): no dashboard, dashboard host 127.0.0.1, but Ray's gRPC servers (GCS, raylet,
-object manager, workers) always listen on all interfaces; ``_node_ip_address="127.0.0.1"`` is
-rewritten by Ray to the routable address (``resolve_ip_for_localhost``), so it is not passed.
-Ray 2.60's default token authentication (``RAY_AUTH_MODE``) is what guards those ports.
+locally unless ``ray_address`` is given. A local cluster listens on loopback only: no
+dashboard, and its node gets the address 127.0.0.1
+(:func:`~periodic_rl.compat.ray.loopback_node`), so Ray's servers bind to 127.0.0.1 (the engines
+open no listening socket of their own). To be reachable from other machines, join a cluster you
+started (``ray_address``) or give ``ray_init_kwargs={"_node_ip_address": ...}``.
 
 Threads: ``generate`` may run in a producer thread, but one call at a time, and never together
 with ``push_weights`` (the strategy joins its producer before it steps and pushes).
@@ -40,10 +40,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.compat.ray import actor_failed_in_init, set_default_worker_niceness
+from periodic_rl.compat.ray import (
+    actor_failed_in_init,
+    loopback_node,
+    set_default_worker_niceness,
+)
 from periodic_rl.rollout.backend import JobSource
 from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.ray_pushes import WeightPushes
@@ -145,8 +150,10 @@ class RayRollouts(WeightPushes):
             # Ray renices workers to 15 by default; a rollout worker is half of the pipeline,
             # not background work, and must not yield its core to anything else.
             set_default_worker_niceness(0)
-            with all_cores():
-                ray.init(**self._ray_init_args())
+            args = self._ray_init_args()
+            local = "_node_ip_address" not in args and args.get("address") == "local"
+            with all_cores(), loopback_node() if local else nullcontext():
+                ray.init(**args)
             self._owns_ray = True
         self.timings["ray_init_s"] = time.time() - began
         atexit.register(self.shutdown)

@@ -79,9 +79,14 @@ from periodic_rl.weight_sync.names import (
 CPU_ENV_DEFAULTS = {
     # Else vLLM keeps one of the machine's two cores idle for its scheduler.
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    # Lets collective_rpc send a function by reference to a worker in another process.
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
+
+#: Lets ``collective_rpc`` pickle a function to the engine core in another process. Set only for
+#: the multiprocess engine (``in_process=False``): the in-process engine calls the function
+#: directly and serialises nothing. The multiprocess engine's messages travel over vLLM's local
+#: ZeroMQ IPC sockets, which only this user's processes can open, and carry only what this
+#: class sends; a pickle from elsewhere cannot reach them.
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 
 #: vLLM's ``logprobs_mode`` under which a sampled token's log-prob is taken from the logits after
 #: the repetition penalty, temperature, min-p and top-k/top-p: the distribution it was drawn from.
@@ -150,6 +155,8 @@ class VLLMEngine(InferenceEngine):
             )
         for name, value in CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
+        if not in_process:
+            os.environ.setdefault(INSECURE_SERIALIZATION, "1")
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
         if kv_cache_gb is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = None  # the legacy variable would override ours

@@ -42,11 +42,10 @@ __all__ = [
     "remote_worker",
 ]
 
-# Default vLLM CPU settings (docs/troubleshooting.md): don't keep a core idle, let collective_rpc
-# carry importable functions. Set only when absent, so a user's own values win.
+# Default vLLM CPU settings (docs/troubleshooting.md): don't keep a core idle. Set only when
+# absent, so a user's own values win.
 VLLM_ENV_DEFAULTS = {
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 
 
