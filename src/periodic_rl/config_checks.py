@@ -10,7 +10,7 @@ import torch
 from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
 from periodic_rl.algorithms.losses import check_loss_type
 from periodic_rl.optim import check_schedule
-from periodic_rl.rewards import resolve_reward
+from periodic_rl.rewards import check_reward_policy, resolve_reward
 from periodic_rl.rollout.types import SamplingConfig
 from periodic_rl.truncation import check_truncation_config
 
@@ -93,6 +93,7 @@ def check_module_config(args: dict[str, Any]) -> None:
         )
     for spec in funcs or []:
         resolve_reward(spec)
+    check_reward_policy(args.get("reward_on_error", "raise"), args.get("reward_timeout_s"))
     if args["lora"] is not None and not isinstance(args["lora"], dict):
         raise ValueError("lora must be a dict of peft LoraConfig arguments, or null")
 

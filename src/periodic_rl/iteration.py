@@ -42,6 +42,9 @@ class IterationStats:
     groups: list[RolloutGroup] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # -> groups
     dynamic_sampling: SamplingReport | None = None  # what dynamic sampling dropped and added
+    # failing reward calls per reward since the last iteration (reward_on_error: zero); with
+    # max_staleness the calls scored during this iteration, whichever iteration they are for
+    reward_failures: dict[str, int] | None = None
 
     def add_groups(self, groups: list[RolloutGroup]) -> None:
         for group in groups:
@@ -87,6 +90,10 @@ class IterationStats:
             out["prompts_truncated"] = float(self.prompts_truncated)
         for name, values in self.components.items():
             out[f"rewards/{name}"] = statistics.fmean(values)
+        if self.reward_failures is not None:
+            out["rewards/failures"] = float(sum(self.reward_failures.values()))
+            for name, count in self.reward_failures.items():
+                out[f"rewards/{name}/failures"] = float(count)
         if "clipped_tokens" in self.loss:
             out["clip_fraction"] = self.loss["clipped_tokens"] / tokens
         if "kl_sum" in self.loss:

@@ -131,6 +131,17 @@ class RLModule(L.LightningModule):
             data module's task rewards, else :meth:`reward` (override it in a subclass).
         reward_weights: one weight per reward function (default 1 each).
         reward_model: path of a sequence-classification reward model, added as a reward.
+        reward_timeout_s: the longest one reward call (one group's completions) may take, in
+            seconds; None: no limit. The call runs in a thread that is abandoned on timeout
+            (Python cannot stop it; it lingers until it returns): a reward that may hang belongs
+            in a subprocess (``periodic_rl.sandbox``).
+        reward_on_error: what a failing reward call does (it raised, timed out, or returned
+            something other than one finite float per completion): ``raise`` stops the run
+            with an error naming the reward, the prompt, the completion(s) and the fix;
+            ``zero`` scores those samples 0 (only the bad entries when the output has the
+            right length), warns once per reward and counts each failing call, logged every
+            iteration as ``rewards/failures`` and ``rewards/<name>/failures``
+            (:mod:`periodic_rl.rewards`).
         shared_prompt: encode each prompt once per group in training forwards.
         attention_backend: shared-prompt attention backend (``auto``, ``sdpa``, ``split``, ...).
         dtype: weight dtype of the policy (``float32``, ``bfloat16``).
@@ -183,6 +194,8 @@ class RLModule(L.LightningModule):
         reward_funcs: list[str | Callable[..., Sequence[float]]] | None = None,
         reward_weights: list[float] | None = None,
         reward_model: str | None = None,
+        reward_timeout_s: float | None = 300.0,
+        reward_on_error: str = "raise",
         shared_prompt: bool = True,
         attention_backend: str = "auto",
         dtype: str = "float32",
@@ -335,6 +348,8 @@ class RLModule(L.LightningModule):
             for groups, kept in first_pass:
                 stats.add_loss(self._backward_micro_batch(groups, kept)[0])
             self._update(strategy, optimizer, stats, push=update == updates - 1)
+        if self.hparams.get("reward_on_error", "raise") == "zero":  # rewards/*failures
+            stats.reward_failures = self.scorer.take_failures()
         stats.finished = time.perf_counter()
         self.last_iteration = stats  # logged by the RLMetrics callback
 

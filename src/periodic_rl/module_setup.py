@@ -78,13 +78,16 @@ def build_scorer(module: Any, source: Any) -> Scorer:
         eos_token_ids=eos_token_ids(module.tokenizer, module.policy),
         overlong_buffer=h.overlong_buffer,
         overlong_penalty=h.overlong_penalty,
+        reward_timeout_s=h.get("reward_timeout_s", 300.0),
+        reward_on_error=h.get("reward_on_error", "raise"),
     )
 
 
 def check_rows_and_rewards(module: Any, rows: list[dict[str, Any]]) -> None:
     """Every row has a prompt that encodes (within ``max_prompt_length`` with
     ``prompt_truncation='error'``), and the rewards score two probe completions of the first
-    row (right count, finite values): before any engine starts."""
+    row (right count, finite values): before any engine starts. Under ``reward_on_error:
+    zero`` a failing probe warns (the failure is not counted: the probes are not samples)."""
     for row in rows:
         if "prompt" not in row:
             raise ValueError("every data row needs a 'prompt' (set prompt_column)")
@@ -92,7 +95,7 @@ def check_rows_and_rewards(module: Any, rows: list[dict[str, Any]]) -> None:
     row = rows[0]
     probes = ["", "42"]
     columns = {k: [v] * len(probes) for k, v in row.items() if k != "prompt"}
-    module.scorer.rewards([row["prompt"]] * len(probes), probes, columns)
+    module.scorer.rewards([row["prompt"]] * len(probes), probes, columns, count=False)
 
 
 def encode_prompt(

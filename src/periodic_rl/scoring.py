@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import threading
+import warnings
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from periodic_rl.algorithms.advantages import group_advantages
 from periodic_rl.models import TOKENIZER_LOCK
-from periodic_rl.rewards import RewardFunc, check_rewards, reward_name
+from periodic_rl.rewards import (
+    ZERO_HINT,
+    RewardError,
+    RewardFunc,
+    RewardTimeoutError,
+    call_context,
+    call_reward,
+    check_reward_policy,
+    inspect_rewards,
+    reward_name,
+)
 from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup
 from periodic_rl.truncation import is_truncated, overlong_penalty
 
@@ -39,8 +52,14 @@ class Scorer:
     eos_token_ids: Sequence[int] = ()
     overlong_buffer: int | None = None
     overlong_penalty: float = 1.0
+    reward_timeout_s: float | None = None
+    reward_on_error: str = "raise"
+    _failures: Counter = field(default_factory=Counter, init=False, repr=False)
+    _warned: set = field(default_factory=set, init=False, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_reward_policy(self.reward_on_error, self.reward_timeout_s)
         if len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(
                 f"reward_weights has {len(self.reward_weights)} entries for "
@@ -53,16 +72,24 @@ class Scorer:
             raise ValueError("a reward function named 'overlong' clashes with overlong_buffer's")
         if self.overlong_buffer is not None and self.max_new_tokens is None:
             raise ValueError("overlong_buffer needs max_new_tokens (the length it counts from)")
+        if self.reward_on_error == "zero" and "failures" in names:
+            raise ValueError("a reward function named 'failures' clashes with rewards/failures")
 
     def rewards(
-        self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
+        self,
+        prompts: list[Any],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        count: bool = True,
     ) -> tuple[list[float], dict[str, list[float]]]:
-        """The weighted total per completion, and each function's own values."""
+        """The weighted total per completion, and each function's own values.
+
+        ``count``: count failing calls (under ``reward_on_error: zero``) for
+        :meth:`take_failures`; the set-up probe and held-out evaluation do not."""
         components = {}
         for func in self.reward_funcs:
             name = reward_name(func)
-            values = func(prompts, completions, **columns)
-            components[name] = check_rewards(name, values, len(completions))
+            components[name] = self._call(func, name, prompts, completions, columns, count)
         totals = [
             sum(
                 w * components[reward_name(f)][i]
@@ -71,9 +98,91 @@ class Scorer:
             for i in range(len(completions))
         ]
         if self.accuracy_func is not None and "accuracy" not in components:
-            values = self.accuracy_func(prompts, completions, **columns)
-            components["accuracy"] = check_rewards("accuracy", values, len(completions))
+            components["accuracy"] = self._call(
+                self.accuracy_func, "accuracy", prompts, completions, columns, count
+            )
         return totals, components
+
+    def failure_names(self) -> list[str]:
+        """The names failures are counted under: each reward, and ``accuracy`` when separate."""
+        names = [reward_name(f) for f in self.reward_funcs]
+        if self.accuracy_func is not None and "accuracy" not in names:
+            names.append("accuracy")
+        return names
+
+    def take_failures(self) -> dict[str, int]:
+        """Failing reward calls per reward name since the last take (every name, 0 included),
+        and reset: what ``rewards/<name>/failures`` logs each iteration."""
+        with self._lock:
+            taken = {name: self._failures[name] for name in self.failure_names()}
+            self._failures.clear()
+        return taken
+
+    def _call(
+        self,
+        func: RewardFunc,
+        name: str,
+        prompts: list[Any],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        count: bool,
+    ) -> list[float]:
+        """One reward call, checked, with the timeout and the failure policy applied."""
+        n = len(completions)
+        everyone = range(n)
+        try:
+            values = call_reward(func, name, prompts, completions, columns, self.reward_timeout_s)
+        except RewardTimeoutError as error:
+            message = (
+                f"reward '{name}' did not return within reward_timeout_s={self.reward_timeout_s}"
+                f" s on a call with {n} completions; the call is abandoned (its thread lingers "
+                "until it returns). Make the reward faster, raise reward_timeout_s, run it in a "
+                f"subprocess that can be killed (periodic_rl.sandbox), or {ZERO_HINT}"
+            )
+            return self._fail(name, message, prompts, completions, everyone, count, error, True)
+        except Exception as error:  # noqa: BLE001 - the policy decides
+            message = (
+                f"reward '{name}' raised {type(error).__name__}: {error} (a call with {n} "
+                "completions); fix the reward or have it return 0.0 for what it cannot score, "
+                f"or {ZERO_HINT}"
+            )
+            return self._fail(name, message, prompts, completions, everyone, count, error)
+        check = inspect_rewards(values, n)
+        if check.ok:
+            return check.values
+        message = f"{check.problem(name, n)}, or {ZERO_HINT}"
+        shown = everyone if check.whole is not None else sorted(check.entries)
+        self._fail(name, message, prompts, completions, shown, count)
+        return check.values  # under "zero": the bad entries (or all of them) are 0.0
+
+    def _fail(
+        self,
+        name: str,
+        message: str,
+        prompts: list[Any],
+        completions: list[str],
+        shown: Sequence[int],
+        count: bool,
+        cause: BaseException | None = None,
+        timed_out: bool = False,
+    ) -> list[float]:
+        """Raise (``reward_on_error: raise``) or count the failing call and score it 0."""
+        text = f"{message}\n{call_context(prompts, completions, shown)}"
+        if self.reward_on_error == "raise":
+            raise (RewardTimeoutError if timed_out else RewardError)(text) from cause
+        with self._lock:
+            if count:
+                self._failures[name] += 1
+            first = name not in self._warned
+            self._warned.add(name)
+        if first:  # once per reward: the counters say how often
+            warnings.warn(
+                f"{text}\nScored 0 (reward_on_error: zero); later failures of '{name}' are only "
+                f"counted (rewards/{name}/failures)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return [0.0] * len(completions)
 
     def score(
         self,
@@ -92,7 +201,9 @@ class Scorer:
                 generated.completion_ids, skip_special_tokens=True
             )
         columns = {k: [v] * n for k, v in row.items() if k != "prompt"}
-        totals, components = self.rewards([row["prompt"]] * n, completions, columns)
+        totals, components = self.rewards(
+            [row["prompt"]] * n, completions, columns, count=not held_out
+        )
         truncated = []
         if self.max_new_tokens is not None and not held_out:
             cap, eos = self.max_new_tokens, set(self.eos_token_ids)
