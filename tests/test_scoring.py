@@ -65,13 +65,14 @@ def scorer(*funcs, on_error="raise", timeout=None, weights=None):
 
 @pytest.fixture
 def never_returns():
-    """A reward blocked on an Event until the test ends (then released, so no thread stays)."""
+    """A reward blocked on an Event until the test ends (then released, so no thread stays).
+    The 60 s bound only stops a broken timeout from hanging the test: it then returns 1.0s."""
     release = threading.Event()
     threads = []
 
     def never_returns(prompts, completions, **columns):
         threads.append(threading.current_thread())
-        release.wait()
+        release.wait(timeout=60)
         return [1.0] * len(completions)
 
     yield never_returns
