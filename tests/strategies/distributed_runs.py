@@ -25,6 +25,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )  # the rollout workers import ray_fixtures too
 
 import lightning as L  # noqa: E402
+import psutil  # noqa: E402
 import torch  # noqa: E402
 from rl_helpers import SGDModule, length_reward  # noqa: E402
 
@@ -61,8 +62,22 @@ class RecordedModule(SGDModule):
         except StaleRolloutError as error:
             self.seen["refused"].append(str(error))
             raise
+        if "listening" not in self.seen:  # mid-run: every process of the run is up
+            self.seen["listening"] = listening_addresses()
         self.seen["groups"] += [(self.trainer.global_step, g.index) for g in groups]
         self.seen["versions"] += [(self.trainer.global_step, g.version) for g in groups]
+
+
+def listening_addresses() -> list[str]:
+    """The addresses that this process and its descendants (Ray, the workers, rank 1 under
+    rank 0) listen on."""
+    me = psutil.Process()
+    tree = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    return [
+        c.laddr.ip
+        for c in psutil.net_connections("inet")
+        if c.pid in tree and c.status == psutil.CONN_LISTEN
+    ]
 
 
 class OtherWeightsController(RolloutController):

@@ -116,6 +116,19 @@ def test_each_rank_trains_on_its_own_groups(two_rank_runs):
 
 
 @runs("full-overlap")
+def test_a_two_rank_run_listens_on_loopback_only(two_rank_runs):
+    """Mid-run, no process of the run (both ranks' rendezvous and gloo connections, Ray, the
+    rollout workers) listens beyond loopback."""
+    from periodic_rl.compat.torch_distributed import is_loopback
+
+    addresses = [
+        ip for rank in (0, 1) for ip in seen(two_rank_runs, "full-overlap", rank)["listening"]
+    ]
+    assert addresses, "no listening socket found: the check would prove nothing"
+    assert [ip for ip in addresses if not is_loopback(ip)] == []
+
+
+@runs("full-overlap")
 def test_held_out_evaluation_runs_on_every_rank_alike(two_rank_runs):
     """Rank 0 generates the held-out completions and broadcasts them: every rank logs the same
     evaluation, before the first and after the last iteration."""

@@ -9,7 +9,9 @@ rollouts_mixin.RolloutsMixin` in front. In every one of them:
 - the loss is the one-batch loss of the whole iteration (the normaliser's counts are summed
   over ranks, ``RLModule._normalise_gradients``);
 - after the optimizer step rank 0 pushes the full weights (gathered from the shards where the
-  strategy shards them) and every rank learns the new version and fingerprint.
+  strategy shards them) and every rank learns the new version and fingerprint;
+- with ``MASTER_ADDR`` on loopback (one machine, Lightning's default), the ranks' rendezvous
+  listens on loopback only (:func:`periodic_rl.compat.torch_distributed.loopback_rendezvous`).
 
 Pick one by name in YAML (``strategy: periodic_async_ddp``) or pass an instance.
 """
@@ -26,6 +28,7 @@ from lightning.pytorch.strategies import (
     StrategyRegistry,
 )
 
+from periodic_rl.compat.torch_distributed import loopback_rendezvous
 from periodic_rl.strategies.rollouts_mixin import ROLLOUT_ARGS_DOC, RolloutsMixin
 from periodic_rl.weight_sync.gather import (
     fsdp2_full_tensor,
@@ -40,14 +43,23 @@ _ARGS = """
 """
 
 
-class PeriodicAsyncDDPStrategy(RolloutsMixin, DDPStrategy):
+class _LoopbackRendezvous:
+    """Lightning's process-group set-up, with the store and gloo kept on loopback when the
+    main address is a loopback one."""
+
+    def setup_distributed(self) -> None:
+        with loopback_rendezvous():
+            super().setup_distributed()  # type: ignore[misc]
+
+
+class PeriodicAsyncDDPStrategy(_LoopbackRendezvous, RolloutsMixin, DDPStrategy):
     """Data-parallel training (Lightning's DDP) + the rollout side: every rank holds the whole
     model; gradients are averaged over ranks after each micro-batch's backward."""
 
     strategy_name = "periodic_async_ddp"
 
 
-class PeriodicAsyncFSDPStrategy(RolloutsMixin, ModelParallelStrategy):
+class PeriodicAsyncFSDPStrategy(_LoopbackRendezvous, RolloutsMixin, ModelParallelStrategy):
     """Fully sharded training (FSDP2, ``fully_shard``, through Lightning's
     ``ModelParallelStrategy``) + the rollout side. ``RLModule.configure_model`` shards each
     decoder layer and the whole policy over the data-parallel ranks
@@ -68,7 +80,7 @@ class PeriodicAsyncFSDPStrategy(RolloutsMixin, ModelParallelStrategy):
         return gathered_on_rank0(self.lightning_module, fsdp2_full_tensor, self.global_rank)
 
 
-class PeriodicAsyncDeepSpeedStrategy(RolloutsMixin, DeepSpeedStrategy):
+class PeriodicAsyncDeepSpeedStrategy(_LoopbackRendezvous, RolloutsMixin, DeepSpeedStrategy):
     """DeepSpeed ZeRO (stage 2: optimizer state and gradients sharded; stage 3: parameters
     too) + the rollout side. Needs CUDA and the ``deepspeed`` extra (``pip install
     periodic_rl[deepspeed]``). Stage 3 pushes gather one weight at a time onto rank 0

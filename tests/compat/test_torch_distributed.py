@@ -1,0 +1,61 @@
+"""The training ranks' rendezvous on loopback (``periodic_rl.compat.torch_distributed``): two
+gloo ranks started through ``env://`` with ``MASTER_ADDR`` 127.0.0.1 listen on loopback only,
+and still reduce. (Without it, torch's store listens on every interface: the mutation
+"rendezvous store on every interface" in tests/mutations.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    import psutil, torch, torch.distributed as dist
+    import torch.multiprocessing as mp
+    from periodic_rl.compat.torch_distributed import is_loopback, loopback_rendezvous
+
+    def run(rank, port, use_fix, out):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        context = loopback_rendezvous() if use_fix else __import__("contextlib").nullcontext()
+        with context:
+            dist.init_process_group("gloo", rank=rank, world_size=2)
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        group = dist.new_group(backend="gloo")  # a second group, as the rank link makes
+        dist.all_reduce(value, group=group)
+        listening = [
+            c.laddr.ip for c in psutil.net_connections("inet")
+            if c.pid == os.getpid() and c.status == psutil.CONN_LISTEN
+        ]
+        dist.barrier()
+        with open(f"{out}-{rank}.json", "w") as handle:
+            json.dump({"sum": value.item(), "listening": listening}, handle)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        mp.spawn(run, args=(port, sys.argv[1] == "fix", sys.argv[2]), nprocs=2)
+    """
+)
+
+
+def _ranks(tmp_path, mode: str) -> list[dict]:
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / mode
+    subprocess.run([sys.executable, str(script), mode, str(out)], check=True, timeout=300)
+    return [json.loads((tmp_path / f"{mode}-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_two_ranks_rendezvous_on_loopback_only(tmp_path):
+    from periodic_rl.compat.torch_distributed import is_loopback
+
+    fixed = _ranks(tmp_path, "fix")
+    assert [r["sum"] for r in fixed] == [4.0, 4.0]  # two all-reduces of ones over 2 ranks
+    assert fixed[0]["listening"], "rank 0 serves the store: the check would prove nothing"
+    assert all(is_loopback(ip) for r in fixed for ip in r["listening"])
