@@ -9,6 +9,7 @@ file as the top-level module ``ray_fixtures``.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -65,7 +66,11 @@ class GatedEngine(HFEngine):
         max_wait_s: how long a call waits for a gate or a hold before it raises.
 
     Holds: while ``gate_dir/hold-<pid>`` exists, every call of the worker process ``pid`` waits
-    (a test creates it to be sure that worker still has its calls when it kills the worker).
+    (a test creates it to be sure that worker still has its calls when it kills the worker);
+    ``hold-load-<pid>`` does the same to its weight loads (a hang, if never removed).
+    Deaths: once ``gate_dir/die-generate-<pid>`` (``die-load-<pid>``) exists, the worker process
+    ``pid`` kills itself (SIGKILL) at the start of its next generate call (weight load). A
+    restarted worker has another pid: none of these files concern it.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class GatedEngine(HFEngine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[list[list[int]]]:
         if self.gate_dir.parts:
+            self._fault("generate")
             hold = self.gate_dir / f"hold-{os.getpid()}"
             self._wait(lambda: not hold.exists(), f"{hold} was never removed")
             for request in requests:
@@ -94,6 +100,17 @@ class GatedEngine(HFEngine):
                     gate = self.gate_dir / self.gates[request.seed]
                     self._wait(gate.exists, f"{gate} never appeared: {self.reason}")
         return super().generate(requests, sampling)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
+        if self.gate_dir.parts:
+            self._fault("load")
+            hold = self.gate_dir / f"hold-load-{os.getpid()}"
+            self._wait(lambda: not hold.exists(), f"{hold} was never removed")
+        return super().load_weights(state_dict, partial=partial)
+
+    def _fault(self, where: str) -> None:
+        if (self.gate_dir / f"die-{where}-{os.getpid()}").exists():
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _wait(self, condition, failure: str) -> None:
         deadline = time.monotonic() + self.max_wait_s

@@ -54,6 +54,7 @@ class RolloutOptions:
     groups_per_call: int = 2
     adapter_pushes: bool = True
     max_staleness: int = 0
+    call_timeout_s: float | None = 600.0
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -74,6 +75,8 @@ class RolloutOptions:
             )
         if self.groups_per_call < 1:
             raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class RolloutController:
             gpus_per_worker=o.gpus_per_worker,
             worker_cores=o.worker_cores,
             groups_per_call=o.groups_per_call,
+            call_timeout_s=o.call_timeout_s,
             spans=self.spans,
             # vLLM logs two harmless warnings and three info lines per weight push (rotary and
             # tied lm_head have nothing to load); set VLLM_LOGGING_LEVEL=INFO to see them.

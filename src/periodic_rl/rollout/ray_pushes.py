@@ -5,8 +5,9 @@ A full push sends a state dict (one ``ray.put``) that every worker loads and fin
 :meth:`WeightPushes.push_adapter` sends only the adapter factors
 (:func:`~periodic_rl.weight_sync.export.lora_adapter_payload`), which every worker merges into
 its kept base (:mod:`periodic_rl.weight_sync.merge`). Either way every worker's reported
-fingerprint is checked against the one computed here, and a worker that dies during a push is
-restarted straight onto the pushed weights (base and adapter replayed).
+fingerprint is checked against the one computed here, and a worker that dies during a push, or
+whose load does not return within ``call_timeout_s`` (it is killed), is restarted straight onto
+the pushed weights (base and adapter replayed).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class WeightPushes:
     _weights_ok: bool
     version: int | None
     fingerprint: str | None
+    call_timeout_s: float | None
     timings: dict[str, Any]
     spans: SpanRecorder
 
@@ -47,6 +49,9 @@ class WeightPushes:
     def _restart(
         self, slot: Slot, incarnation: int, error: BaseException, weights: Any = ...
     ) -> None:
+        raise NotImplementedError
+
+    def _restart_hung(self, slot: Slot, waited: float, what: str, weights: Any = ...) -> None:
         raise NotImplementedError
 
     def push_weights(
@@ -138,16 +143,24 @@ class WeightPushes:
         success ``target`` becomes the current pushed weights (the previous push's objects
         are released), else raise naming the mismatches."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         got: dict[int, str] = {}
         self._pushed = target  # what any worker restarted from here on must load
+        began = time.monotonic()  # every load was sent just now: one deadline for all
         try:
             for slot, incarnation, call in calls:
+                timeout = self.call_timeout_s
+                if timeout is not None:
+                    timeout = max(0.0, began + timeout - time.monotonic())
                 try:
-                    got[slot.index] = ray.get(call)
+                    got[slot.index] = ray.get(call, timeout=timeout)
                 except RayActorError as error:  # restart it straight onto the new weights
                     self._restart(slot, incarnation, error, target)
+                    got[slot.index] = self._settle(slot, expected=None)
+                except GetTimeoutError:  # hung: killed, then the same
+                    waited = time.monotonic() - began
+                    self._restart_hung(slot, waited, "weight load", target)
                     got[slot.index] = self._settle(slot, expected=None)
         except BaseException:  # a load raised: the workers' weights are unknown now
             self._weights_ok, self._pushed = False, None

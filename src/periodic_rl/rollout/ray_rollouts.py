@@ -15,7 +15,9 @@ faster workers take more: load balanced by completion, not round robin.
 
 Faults: a worker that dies (``RayActorError``) is replaced by a new actor on the same cores,
 brought to the current weights (fingerprint checked), and its unfinished calls are dispatched
-again with the same seeds (counted in ``RayRollouts.redispatched_calls``). Calls the dead
+again with the same seeds (counted in ``RayRollouts.redispatched_calls``). A worker that
+hangs (returns nothing within ``call_timeout_s``) is killed and handled the same way (counted
+in ``RayRollouts.hung_restarts``). Calls the dead
 worker had already finished are kept; nothing is lost or yielded twice, and the groups equal
 those of a fault-free run (engines are seeded per group).
 
@@ -52,7 +54,7 @@ from periodic_rl.compat.ray import (
 from periodic_rl.rollout.backend import JobSource
 from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.ray_pushes import WeightPushes
-from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot
+from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot, WorkerHungError
 from periodic_rl.rollout.schedule import plan_calls
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
@@ -79,7 +81,14 @@ class RayRollouts(WeightPushes):
         groups_per_call: prompt groups per worker call (more: better batching; fewer: groups
             reach the trainer sooner).
         max_calls_in_flight: calls queued per worker at once.
-        max_restarts: restarts allowed per worker before a death is fatal.
+        max_restarts: restarts allowed per worker before a death (or hang) is fatal.
+        call_timeout_s: how long a worker may take per prompt group of a call (a call of ``g``
+            groups gets ``g * call_timeout_s``, counted from when the worker finished its
+            previous call) and for a weight load, before it counts as hung: it is killed
+            (its processes too) and restarted like a dead worker, its calls sent again with
+            the same seeds. The default, 600 s, is far above any healthy call (seconds); raise
+            it for very long completions on slow hardware. ``None``: wait forever. Starting
+            (and restarting) a worker is not timed: building an engine can take minutes.
         pythonpath: extra directories the workers must import from (a user's engine module).
         env_vars: extra environment variables for the workers.
         spans: where to record timing spans (a fresh :class:`SpanRecorder` by default).
@@ -99,6 +108,7 @@ class RayRollouts(WeightPushes):
         groups_per_call: int = 2,
         max_calls_in_flight: int = 2,
         max_restarts: int = 3,
+        call_timeout_s: float | None = 600.0,
         pythonpath: list[str] | None = None,
         env_vars: dict[str, str] | None = None,
         spans: SpanRecorder | None = None,
@@ -112,10 +122,12 @@ class RayRollouts(WeightPushes):
             raise ValueError(f"worker_cores has {len(worker_cores)} entries for {num_workers}")
         if groups_per_call < 1 or max_calls_in_flight < 1:
             raise ValueError("groups_per_call and max_calls_in_flight must be >= 1")
+        if call_timeout_s is not None and not call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be > 0 or None, got {call_timeout_s}")
         self.spec, self.num_workers, self.ray_address = engine, num_workers, ray_address
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
         self.groups_per_call, self.max_calls_in_flight = groups_per_call, max_calls_in_flight
-        self.max_restarts = max_restarts
+        self.max_restarts, self.call_timeout_s = max_restarts, call_timeout_s
         self.pythonpath = list(pythonpath or [])
         self.env_vars = dict(env_vars or {})
         self.spans = spans if spans is not None else SpanRecorder()
@@ -127,6 +139,7 @@ class RayRollouts(WeightPushes):
         self.fingerprint: str | None = None
         self.restarts = 0
         self.redispatched_calls = 0  # calls lost with a dead worker and sent again
+        self.hung_restarts = 0  # workers killed and restarted for exceeding call_timeout_s
         self.timings: dict[str, Any] = {}
         self._pushed: PushedWeights | None = None  # replayed to warm up restarted workers
         self._weights_ok = True
@@ -245,11 +258,17 @@ class RayRollouts(WeightPushes):
             raise RuntimeError(f"rollout worker {slot.index} failed to start: {error}") from error
         slot.restarts += 1
         self.restarts += 1
+        hung = isinstance(error, WorkerHungError)
         if slot.restarts > self.max_restarts:
-            raise RuntimeError(
-                f"rollout worker {slot.index} died {slot.restarts} times; giving up"
-            ) from error
-        log.warning("rollout worker %d died (%s); restarting it", slot.index, error)
+            reason = (
+                f"failed {slot.restarts} times (last: {error}); giving up (raise "
+                "call_timeout_s if its calls are only slow)"
+                if hung
+                else f"died {slot.restarts} times; giving up"
+            )
+            raise RuntimeError(f"rollout worker {slot.index} {reason}") from error
+        if not hung:  # a hang was logged where it was found
+            log.warning("rollout worker %d died (%s); restarting it", slot.index, error)
         self._kill(slot)
         self._launch(slot, self._pushed if weights is ... else weights)
 
@@ -331,6 +350,8 @@ class RayRollouts(WeightPushes):
                     raise RuntimeError("the Ray rollouts were shut down during generate")
                 if cancel.is_set():
                     return  # the finally drops what is in flight
+                for slot, waited in self._hung_slots(in_flight):
+                    self._restart_hung(slot, waited, "call")  # its calls come back failed
                 if not ready:
                     continue
                 ref = ready[0]
@@ -348,6 +369,7 @@ class RayRollouts(WeightPushes):
                     continue
                 if call.incarnation == slot.incarnation:
                     slot.in_flight -= 1
+                    slot.last_done = time.monotonic()
                 if not cancel.is_set():
                     self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
                 self._record(groups)
@@ -387,8 +409,48 @@ class RayRollouts(WeightPushes):
             slot = min(free, key=lambda s: (s.in_flight, s.index))
             chunk = pending.popleft()
             ref = slot.actor.generate.remote(chunk, sampling, version)
-            in_flight[ref] = Call(slot.index, slot.incarnation, chunk)
+            in_flight[ref] = Call(slot.index, slot.incarnation, chunk, time.monotonic())
             slot.in_flight += 1
+
+    def _hung_slots(self, in_flight: dict[Any, Call]) -> list[tuple[Slot, float]]:
+        """The workers whose oldest call has run past its timeout (``call_timeout_s`` per
+        group, from its dispatch or the worker's previous result, whichever is later) with
+        nothing of theirs ready; each with how long that call has been waited for."""
+        if self.call_timeout_s is None:
+            return []
+        import ray
+
+        now = time.monotonic()
+        calls: dict[int, list[tuple[Any, Call]]] = {}
+        for ref, call in in_flight.items():
+            slot = self._slots[call.slot]
+            if call.incarnation == slot.incarnation and slot.ready is None:
+                calls.setdefault(call.slot, []).append((ref, call))
+        hung = []
+        for index, mine in calls.items():
+            slot = self._slots[index]
+            oldest = min((call for _, call in mine), key=lambda call: call.sent)
+            waited = now - max(oldest.sent, slot.last_done)
+            if waited <= self.call_timeout_s * len(oldest.jobs):
+                continue
+            done, _ = ray.wait([ref for ref, _ in mine], timeout=0, fetch_local=False)
+            if not done:  # a result not yet taken is progress, not a hang
+                hung.append((slot, waited))
+        return hung
+
+    def _restart_hung(
+        self, slot: Slot, waited: float, what: str, weights: PushedWeights | None | Any = ...
+    ) -> None:
+        """Kill the hung worker of ``slot`` (and its processes) and restart it like a dead one
+        (onto ``weights``, default the current ones)."""
+        pid = slot.info.get("pid")
+        message = (
+            f"rollout worker {slot.index} (pid {pid}) returned no {what} for {waited:.1f} s "
+            f"(call_timeout_s={self.call_timeout_s:g})"
+        )
+        log.warning("%s: killing and restarting it", message)
+        self.hung_restarts += 1
+        self._restart(slot, slot.incarnation, WorkerHungError(message), weights)
 
     def _record(self, groups: list[GeneratedGroup]) -> None:
         if groups:  # one span per call: its groups share the call's timestamps

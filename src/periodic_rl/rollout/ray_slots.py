@@ -20,6 +20,7 @@ class Slot:
     restarts: int = 0
     ready: Any = None  # ObjectRef of a restarted actor's warm_up; None when it can take work
     info: dict[str, Any] = field(default_factory=dict)
+    last_done: float = 0.0  # time.monotonic() when a call of this actor was last seen done
 
 
 @dataclass
@@ -29,6 +30,12 @@ class Call:
     slot: int
     incarnation: int
     jobs: list[GroupJob]
+    sent: float = 0.0  # time.monotonic() at dispatch
+
+
+class WorkerHungError(RuntimeError):
+    """A worker returned nothing within ``call_timeout_s``: it is killed and restarted like a
+    dead one (its calls sent again with the same seeds)."""
 
 
 @dataclass(frozen=True)

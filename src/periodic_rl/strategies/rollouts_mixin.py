@@ -54,6 +54,9 @@ ROLLOUT_ARGS_DOC = """
             iterations before it, and the loss corrects with truncated importance weights
             against the behaviour log-probs (docs/staleness.md).
 """
+        call_timeout_s: seconds a rollout worker may take per prompt group of a call (and for
+            a weight load) before it counts as hung: it is killed and restarted, its groups
+            generated again with the same seeds (docs/troubleshooting.md). ``None``: no limit.
 
 
 class RolloutsMixin:
@@ -78,6 +81,7 @@ class RolloutsMixin:
         adapter_pushes: bool = True,
         max_staleness: int = 0,
         **kwargs: Any,
+        call_timeout_s: float | None = 600.0,
     ) -> None:
         options = RolloutOptions(  # checks the arguments before Lightning sees any
             engine=engine,
@@ -93,6 +97,7 @@ class RolloutsMixin:
             adapter_pushes=adapter_pushes,
             max_staleness=max_staleness,
         )
+            call_timeout_s=call_timeout_s,
         if self.atomic_checkpoints:
             kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(**kwargs)
