@@ -11,10 +11,9 @@ import socket
 import psutil
 import pytest
 import torch
+from test_ray_rollouts import ray_rollouts
 
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
-
-from test_ray_rollouts import ray_rollouts
 
 ray = pytest.importorskip("ray")
 
@@ -66,6 +65,8 @@ def test_a_local_run_listens_on_loopback_only(kind, tiny_llama_path, vllm_tiny_p
     rollouts = ray_rollouts(path, 1, kind=kind, engine_kwargs=engine_kwargs).start()
     try:
         assert exposed() == []
+        # No dashboard (its packages are not installed here, so ask for it to stay off).
+        assert rollouts._ray_init_args()["include_dashboard"] is False
         jobs = [GroupJob(i, [1, 504, 3016, 28 + i], n=2, seed=i) for i in range(3)]
         stream = rollouts.generate(jobs, SamplingConfig(max_new_tokens=8), version=0)
         next(stream)
