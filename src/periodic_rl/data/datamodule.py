@@ -57,6 +57,10 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError(f"batch_size must be >= 1 (prompts per iteration), got {batch_size}")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if num_val < 0:
+            raise ValueError(f"num_val must be >= 0 (0: no held-out set), got {num_val}")
+        if source.startswith("builtin:") and num_train < 1:
+            raise ValueError(f"num_train must be >= 1 (rows of {source}), got {num_train}")
         self.save_hyperparameters()
         self._source: PromptSource | None = None
 

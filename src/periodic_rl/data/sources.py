@@ -27,6 +27,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from periodic_rl.data import arithmetic
+from periodic_rl.data.checks import check_rows, check_same_columns
 
 RewardFunc = Any  # a callable (prompts, completions, **columns) -> list[float]
 
@@ -72,6 +73,7 @@ def load_source(
         val = _rows(val_source, val_split, prompt_column)
         what = f"val_source {val_source}"
         what += "" if _is_file(val_source) else f" (split '{val_split}')"
+        check_same_columns(val, train, what, source)
         val = _disjoint(val, train, num_val, what)
         return PromptSource(train=train, val=val)
     if not _is_file(source) and val_split != split:
@@ -81,6 +83,8 @@ def load_source(
             dataset = None
         if dataset is not None:
             val = _to_rows(dataset, source, prompt_column)
+            check_rows(val, f"{source} (split '{val_split}')", prompt_column=prompt_column)
+            check_same_columns(val, train, f"split '{val_split}' of {source}", source)
             val = _disjoint(val, train, num_val, f"split '{val_split}' of {source}")
             return PromptSource(train=train, val=val)
     name = source
@@ -198,26 +202,89 @@ def _load(source: str, split: str) -> Any:
     import datasets
 
     if _is_file(source):
-        if not Path(source).exists():
-            raise FileNotFoundError(f"prompt file {source} does not exist")
-        builder = "parquet" if source.endswith(".parquet") else "json"
-        return datasets.load_dataset(builder, data_files={split: source}, split=split)
+        _check_exists(source)
+        return datasets.load_dataset("parquet", data_files={split: source}, split=split)
     return datasets.load_dataset(source, split=split)
 
 
+def _check_exists(source: str) -> None:
+    if not Path(source).is_file():
+        raise FileNotFoundError(f"prompt file {source} does not exist")
+
+
+def read_json_rows(source: str) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """The rows of a ``.jsonl`` (or ``.json``) file and the line each row is on: a JSON array
+    of objects (lines: None), or one JSON object per line (blank lines skipped). A line that
+    is not a JSON object is refused with its line number; so is a file without rows."""
+    _check_exists(source)
+    text = Path(source).read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"no rows in {source}: the file is empty; give at least one JSON row")
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            items = None  # not one JSON array: read it line by line for a line number
+        if isinstance(items, list):
+            for k, item in enumerate(items):
+                if not isinstance(item, dict):
+                    raise ValueError(
+                        f"{source}: item {k} of the JSON array is a {type(item).__name__}, "
+                        "not an object; every row is a JSON object such as "
+                        '{"prompt": "..."}'
+                    )
+            if not items:
+                raise ValueError(f"no rows in {source}: the JSON array is empty")
+            return items, None
+    rows, lines = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{source}:{number}: line {number} is not valid JSON ({error.msg}, column "
+                f"{error.colno}): {line[:80]!r}; each line must be one JSON object such as "
+                '{"prompt": "..."}: fix or remove that line'
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{source}:{number}: line {number} is a JSON {type(row).__name__}, not an "
+                'object; each line must be one JSON object such as {"prompt": "..."}'
+            )
+        rows.append(row)
+        lines.append(number)
+    return rows, lines
+
+
 def _to_rows(dataset: Any, source: str, prompt_column: str) -> list[dict[str, Any]]:
-    if prompt_column not in dataset.column_names:
+    return _renamed([dict(row) for row in dataset], dataset.column_names, source, prompt_column)
+
+
+def _renamed(
+    rows: list[dict[str, Any]], columns: list[str], source: str, prompt_column: str
+) -> list[dict[str, Any]]:
+    """The rows with their prompt under ``"prompt"``."""
+    if rows and prompt_column not in columns:
         raise ValueError(
-            f"{source}: no '{prompt_column}' column (columns: {dataset.column_names}); "
+            f"{source}: no '{prompt_column}' column (columns: {columns}); "
             "add one, or set `prompt_column` to the column that holds the prompt"
         )
-    rows = []
-    for row in dataset:
-        row = dict(row)
-        row["prompt"] = row.pop(prompt_column)
-        rows.append(row)
+    for row in rows:
+        row["prompt"] = row.pop(prompt_column, None)
     return rows
 
 
 def _rows(source: str, split: str, prompt_column: str) -> list[dict[str, Any]]:
-    return _to_rows(_load(source, split), source, prompt_column)
+    """The rows of ``source``, every one checked (:func:`periodic_rl.data.checks.check_rows`)."""
+    lines = None
+    if _is_file(source) and not source.endswith(".parquet"):
+        rows, lines = read_json_rows(source)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        rows = _renamed(rows, columns, source, prompt_column)
+    else:
+        dataset = _load(source, split)
+        rows = _to_rows(dataset, source, prompt_column)
+    check_rows(rows, source, prompt_column=prompt_column, lines=lines)
+    return rows
