@@ -369,6 +369,20 @@ MUTATIONS: list[Mutation] = [
         new="        _ = (",
         tests=("tests/compat/test_torch_distributed.py",),
     ),
+    Mutation(
+        name="sandbox without a PID namespace (a daemonized child outlives the run)",
+        file="src/periodic_rl/_sandbox_child.py",
+        old="libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)",
+        new="libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)",
+        tests=("tests/test_sandbox.py::test_forked_children_and_daemons_do_not_survive_the_run",),
+    ),
+    Mutation(
+        name="sandbox without a network namespace",
+        file="src/periodic_rl/_sandbox_child.py",
+        old="libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)",
+        new="libc.unshare(CLONE_NEWUSER | CLONE_NEWPID)",
+        tests=("tests/test_sandbox.py::test_no_connection_leaves_the_sandbox[namespaces]",),
+    ),
 ]
 
 

@@ -83,7 +83,7 @@ def test_unbounded_allocation_is_a_memory_error_and_the_parent_is_unaffected(mod
 def test_forked_children_and_daemons_do_not_survive_the_run(monkeypatch):
     monkeypatch.setattr(sandbox, "_USE_NAMESPACES", True)
     marker = f"SANDBOX_TEST_{uuid.uuid4().hex}"
-    sleeper = f"[sys.executable, '-c', 'import time; time.sleep(600)  # {marker}']"
+    sleeper = f"[sys.executable, '-c', 'import time; time.sleep(60)  # {marker}']"
     code = (
         "import os, subprocess, sys, time\n"
         f"for _ in range(3):\n    subprocess.Popen({sleeper})\n"
