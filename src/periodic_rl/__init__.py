@@ -25,6 +25,8 @@ _EXPORTS = {
     "HFEngine": "periodic_rl.rollout.hf_engine",
     "VLLMEngine": "periodic_rl.rollout.vllm_engine",
     "RayRollouts": "periodic_rl.rollout.ray_rollouts",
+    "run_python": "periodic_rl.sandbox",
+    "SandboxResult": "periodic_rl.sandbox",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
