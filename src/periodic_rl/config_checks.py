@@ -96,6 +96,34 @@ def check_module_config(args: dict[str, Any]) -> None:
     check_reward_policy(args.get("reward_on_error", "raise"), args.get("reward_timeout_s"))
     if args["lora"] is not None and not isinstance(args["lora"], dict):
         raise ValueError("lora must be a dict of peft LoraConfig arguments, or null")
+    check_training_knobs(args)
+
+
+def check_training_knobs(args: dict[str, Any]) -> None:
+    """Refuse a bad ``weight_decay``, ``max_grad_norm``, ``attention_backend`` or
+    ``eval_max_new_tokens`` (a knob absent from ``args`` is not checked)."""
+    decay = args.get("weight_decay", 0.0)
+    if not _is_number(decay) or not 0 <= decay < float("inf"):
+        raise ValueError(f"weight_decay must be a finite number >= 0 (0: off), got {decay!r}")
+    norm = args.get("max_grad_norm")
+    if norm is not None and (not _is_number(norm) or not 0 < norm < float("inf")):
+        raise ValueError(f"max_grad_norm must be a finite number > 0, or null (off), got {norm!r}")
+    from periodic_rl.attention.backends import BACKENDS
+
+    backend = args.get("attention_backend", "auto")
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(
+            f"attention_backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}"
+        )
+    cap = args.get("eval_max_new_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(
+            f"eval_max_new_tokens must be an integer >= 1, or null (max_new_tokens), got {cap!r}"
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def check_sampling(args: dict[str, Any]) -> None:

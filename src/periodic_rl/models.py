@@ -36,7 +36,32 @@ def resolve_model(name: str) -> str:
     """Return a path (or hub id) that ``from_pretrained`` and vLLM both accept."""
     if name == SMOLLM2_ALIAS:
         return str(_smollm2_dir())
+    check_model_source(name)
     return name
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path: it starts with ``/``, ``.`` or ``~``, or has
+    more than one ``/`` (a hub id is ``name`` or ``owner/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_source(name: str) -> None:
+    """Refuse a local path that is not a model directory, before anything loads or starts."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model {name!r}: the directory has no config.json, so it is not a transformers "
+                "model directory; give the directory that save_pretrained wrote"
+            )
+        return
+    if path.exists() or looks_like_path(name):
+        raise FileNotFoundError(
+            f"model {name!r} is not a local directory and not a hub id that could be "
+            f"downloaded (no such directory); give a model directory, a hub id such as "
+            f"HuggingFaceTB/SmolLM2-135M-Instruct, or the alias {SMOLLM2_ALIAS!r}"
+        )
 
 
 def _smollm2_gguf() -> Path:
@@ -82,9 +107,22 @@ def load_tokenizer(path: str) -> Any:
     """The tokenizer of ``path``, with a pad token (EOS when the model defines none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as error:  # a hub id that does not exist, or cannot be reached
+        raise OSError(
+            f"model {path!r} is not a local directory and not a hub id that could be "
+            f"downloaded ({error}); check the name, the network (HF_HUB_OFFLINE) and HF_TOKEN "
+            f"for gated models, or give a local model directory"
+        ) from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(
+            f"{path}: the tokenizer has no pad token; using its EOS token "
+            f"{tokenizer.eos_token!r} for padding"
+        )
     return tokenizer
 
 

@@ -41,6 +41,7 @@ from periodic_rl.module_setup import (
 from periodic_rl.on_policy import check_on_policy
 from periodic_rl.rollout.types import RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
+from periodic_rl.setup_checks import check_data_and_model
 from periodic_rl.sharding import shard_policy
 from periodic_rl.strategies.protocol import RolloutStrategy
 from periodic_rl.truncation import fit_prompts
@@ -249,6 +250,7 @@ class RLModule(L.LightningModule):
         source = datamodule.source if datamodule is not None else None
         self.scorer = build_scorer(self, source)
         if source is not None:
+            check_data_and_model(self, source, trainer.strategy if trainer else None)
             check_rows_and_rewards(self, source.train[: self.hparams.num_generations])
 
     def configure_optimizers(self) -> Any:

@@ -21,6 +21,7 @@ import torch
 from periodic_rl.checkpoint import AtomicCheckpointIO
 from periodic_rl.rollout.controller import PromptShare, RolloutController, RolloutOptions
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
+from periodic_rl.rollout.engine_checks import check_rollout_options
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
@@ -53,10 +54,10 @@ ROLLOUT_ARGS_DOC = """
             iteration ``j`` with the weights of version ``j - k`` while the trainer trains the
             iterations before it, and the loss corrects with truncated importance weights
             against the behaviour log-probs (docs/staleness.md).
-"""
         call_timeout_s: seconds a rollout worker may take per prompt group of a call (and for
             a weight load) before it counts as hung: it is killed and restarted, its groups
             generated again with the same seeds (docs/troubleshooting.md). ``None``: no limit.
+"""
 
 
 class RolloutsMixin:
@@ -80,8 +81,8 @@ class RolloutsMixin:
         groups_per_call: int = 2,
         adapter_pushes: bool = True,
         max_staleness: int = 0,
-        **kwargs: Any,
         call_timeout_s: float | None = 600.0,
+        **kwargs: Any,
     ) -> None:
         options = RolloutOptions(  # checks the arguments before Lightning sees any
             engine=engine,
@@ -96,8 +97,9 @@ class RolloutsMixin:
             groups_per_call=groups_per_call,
             adapter_pushes=adapter_pushes,
             max_staleness=max_staleness,
-        )
             call_timeout_s=call_timeout_s,
+        )
+        check_rollout_options(options, trainer_cores)  # installed, engine_kwargs, cores
         if self.atomic_checkpoints:
             kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
         super().__init__(**kwargs)
