@@ -265,11 +265,11 @@ def _make_cgroup(name: str, max_processes: int) -> str | None:
 
 
 def _remove_cgroup(path: str) -> None:
-    for _ in range(50):  # the killed processes leave the cgroup a moment after they are reaped
+    for _ in range(100):  # killed processes leave the cgroup a moment after they are reaped
         try:
             os.rmdir(path)
             return
         except FileNotFoundError:
             return
         except OSError:
-            time.sleep(0.02)
+            time.sleep(0.05)
