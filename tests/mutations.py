@@ -1,8 +1,9 @@
 """Mutation checks: each promise of the library, broken on purpose, must fail a test.
 
 ``make mutations`` (or ``.venv/bin/python tests/mutations.py [NAME ...]``) runs, for each row of
-:data:`MUTATIONS`: copy the repository's tracked ``src/``, ``tests/``, ``examples/`` and
-``pyproject.toml`` to a temporary directory, apply one exact text replacement to one file (the
+:data:`MUTATIONS`: copy the repository's tracked ``src/``, ``tests/``, ``examples/``,
+``pyproject.toml`` and ``benchmarks/soak_run.py`` (which ``tests/test_soak.py`` imports) to a
+temporary directory, apply one exact text replacement to one file (the
 original text must occur exactly once, so a refactor cannot silently disable a mutation), and
 run only the tests that should catch it, with ``PYTHONPATH`` pointing at the copy's ``src`` (the
 child checks that ``periodic_rl`` is imported from there, not from the editable install, and so
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ["src", "tests", "examples", "pyproject.toml"]
+COPIED = ["src", "tests", "examples", "pyproject.toml", "benchmarks/soak_run.py"]  # soak test
 TIMEOUT_S = 1200
 
 
@@ -382,6 +383,13 @@ MUTATIONS: list[Mutation] = [
         old="libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)",
         new="libc.unshare(CLONE_NEWUSER | CLONE_NEWPID)",
         tests=("tests/test_sandbox.py::test_no_connection_leaves_the_sandbox[namespaces]",),
+    ),
+    Mutation(
+        name="soak: a run's own local Ray is left running after the fit",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
+        old="                ray.shutdown()\n                self._owns_ray = False\n",
+        new="                self._owns_ray = False\n",
+        tests=("tests/test_soak.py",),
     ),
 ]
 
