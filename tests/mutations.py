@@ -391,6 +391,36 @@ MUTATIONS: list[Mutation] = [
         new="                self._owns_ray = False\n",
         tests=("tests/test_soak.py",),
     ),
+    Mutation(
+        name="bad input: rows with a missing column are not refused",
+        file="src/periodic_rl/data/checks.py",
+        old="        if columns != first:\n",
+        new="        if False:\n",
+        tests=(
+            "tests/data/test_bad_rows.py::"
+            "test_column_missing_from_some_rows_names_the_row_and_the_column",
+        ),
+    ),
+    Mutation(
+        name="bad input: the prompt-length check forgets max_new_tokens",
+        file="src/periodic_rl/rollout/engine_checks.py",
+        old="            if length + max_new_tokens > max_len:\n",
+        new="            if length > max_len:\n",
+        tests=(
+            "tests/rollout/test_engine_checks.py::"
+            "test_prompt_longer_than_max_model_len_names_the_row_and_the_fixes",
+        ),
+    ),
+    Mutation(
+        name="bad input: the KV-cache check ignores the group's size",
+        file="src/periodic_rl/rollout/engine_checks.py",
+        old="    blocks = max(num_generations * _blocks(",
+        new="    blocks = max(0 * _blocks(",
+        tests=(
+            "tests/rollout/test_engine_checks.py::"
+            "test_kv_cache_too_small_for_one_group_names_kv_cache_gb_and_the_minimum",
+        ),
+    ),
 ]
 
 

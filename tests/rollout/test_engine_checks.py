@@ -102,6 +102,8 @@ def test_prompt_longer_than_max_model_len_names_the_row_and_the_fixes():
     with pytest.raises(ValueError, match=expected):
         fits(max_model_len=256)
     fits(max_model_len=364, kv_cache_gb=1)
+    with pytest.raises(ValueError, match=r"training row 0: its prompt has 200 tokens; with "):
+        fits(lengths=(200,), max_model_len=256)  # the prompt fits, not with its completion
 
 
 def test_hf_engine_limit_is_the_models_positions():
