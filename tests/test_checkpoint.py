@@ -1,4 +1,11 @@
-"""Checkpoints: resume equivalence, atomic writes, weights_only loading."""
+"""Checkpoints: resume equivalence, atomic writes, weights_only loading, a full disk."""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
 
 import lightning as L
 import pytest
@@ -7,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from rl_helpers import length_reward, max_diff
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
-from periodic_rl.checkpoint import AtomicCheckpointIO
+from periodic_rl.checkpoint import AtomicCheckpointIO, CheckpointDiskFullError
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 
@@ -122,3 +129,113 @@ def test_interrupted_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert io.load_checkpoint(path)["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temp file left
+
+
+def _disk_full_at(step: int):
+    """A ``torch.save`` that, for the checkpoint of ``step``, writes some bytes and then finds
+    the disk full, as a real full file system does part-way through a write."""
+    save = torch.save
+
+    def fake(obj, handle, *args, **kwargs):
+        if obj.get("global_step") == step:
+            handle.write(b"partial bytes")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return save(obj, handle, *args, **kwargs)
+
+    return fake
+
+
+def _assert_previous_checkpoint_intact(directory, step):
+    last = directory / "last.ckpt"
+    assert AtomicCheckpointIO().load_checkpoint(last)["global_step"] == step
+    assert torch.load(last, weights_only=True)["periodic_rl"]["policy_version"] == step
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == [f"epoch=0-step={step}.ckpt", "last.ckpt"]  # and no temporary file
+
+
+def test_disk_full_keeps_previous_checkpoint_and_says_what_to_do(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, path)
+    monkeypatch.setattr(torch, "save", _disk_full_at(2))
+    with pytest.raises(CheckpointDiskFullError) as raised:
+        io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    message = str(raised.value)
+    assert raised.value.errno == errno.ENOSPC and isinstance(raised.value, OSError)
+    assert str(path) in message and "MiB free of" in message and "dirpath" in message
+    assert isinstance(raised.value.__cause__, OSError)  # the original error is chained
+    assert io.load_checkpoint(path)["global_step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temp file left
+
+
+def test_disk_full_during_a_fit_stops_it_clearly(tiny_llama_path, tmp_path, monkeypatch):
+    """The ModelCheckpoint callback's write of step 2 finds the disk full: the fit stops with
+    the clear error, step 1's checkpoints stay loadable, and the run resumes from them."""
+    monkeypatch.setattr(torch, "save", _disk_full_at(2))
+    with pytest.raises(CheckpointDiskFullError, match=r"no space left .*step=2\.ckpt"):
+        _fit(tiny_llama_path, tmp_path, 3)
+    monkeypatch.undo()
+    _assert_previous_checkpoint_intact(tmp_path / "ckpt", 1)
+
+
+FULL_DISK_FIT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_checkpoint import _fit
+root = Path({root!r})
+try:
+    _fit({model!r}, root, 3)
+    result = {{"error": None}}
+except Exception as error:
+    result = {{"error": type(error).__name__, "message": str(error), "errno": error.errno}}
+# the tmpfs goes with this namespace: look at what is left on it from here
+from periodic_rl.checkpoint import AtomicCheckpointIO
+result["left"] = sorted(p.name for p in (root / "ckpt").iterdir())
+last = AtomicCheckpointIO().load_checkpoint(root / "ckpt" / "last.ckpt")
+result["last_step"] = last["global_step"]
+(root / "result.json").write_text(json.dumps(result))
+"""
+
+
+def _unprivileged_tmpfs() -> bool:
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt || exit 1"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or not _unprivileged_tmpfs(),
+    reason="needs unprivileged user namespaces to mount a small tmpfs",
+)
+def test_real_full_tmpfs_during_a_fit(tiny_llama_path, tmp_path):
+    """A real full file system: the checkpoints go to a tmpfs (mounted in a user namespace)
+    sized for the two files of step 1 and half of step 2's; the kernel's ENOSPC stops the fit
+    with the clear error and step 1's checkpoints stay loadable."""
+    sizing = tmp_path / "sizing"  # one checkpoint's size, from a fit that saves step 1
+    _fit(tiny_llama_path, sizing, 1)
+    size = (sizing / "ckpt" / "last.ckpt").stat().st_size
+    root = tmp_path / "run"
+    (root / "ckpt").mkdir(parents=True)
+    code = FULL_DISK_FIT.format(
+        tests=os.path.dirname(__file__), root=str(root), model=tiny_llama_path
+    )
+    mount = f"mount -t tmpfs -o size={int(size * 2.5)} tmpfs {root / 'ckpt'}"
+    script = f'{mount} && exec "$0" -c "$1"'
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, sys.executable, code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((root / "result.json").read_text())
+    assert result["error"] == "CheckpointDiskFullError" and result["errno"] == errno.ENOSPC
+    assert (
+        "no space left to write checkpoint" in result["message"] and "step=2" in result["message"]
+    )
+    assert result["left"] == ["epoch=0-step=1.ckpt", "last.ckpt"] and result["last_step"] == 1
+    print(f"\nreal tmpfs ({size * 2.5 / 2**20:.1f} MiB): {result['message']}")
