@@ -176,16 +176,17 @@ LONG = {"prompt": "count: " + " ".join(str(i) for i in range(40))}
 
 
 def test_error_mode_refuses_a_long_prompt_before_the_iteration_generates(many_eos_path, tmp_path):
-    """Setup checks the first ``num_generations`` rows (short here); the iteration's third
-    prompt is too long: refused before any group is generated, naming it."""
+    """Setup encodes every training row: the third prompt is too long, refused in setup
+    (before the rewards' probe, before any engine starts), naming it."""
     calls: list[int] = []
     strategy = PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False)
     rows = [{"prompt": "hi"}, {"prompt": "yo"}, LONG]
-    with pytest.raises(ValueError, match=r"iteration 0: prompt 2 has \d+ tokens") as raised:
+    with pytest.raises(ValueError, match=r"training data row 2 has \d+ tokens") as raised:
         _fit_rows(many_eos_path, rows, tmp_path, calls, strategy)
     assert "max_prompt_length=40" in str(raised.value)
     assert "prompt_truncation='left'" in str(raised.value)
-    assert calls == [2]  # setup's two probe completions only: no group was generated
+    assert calls == []  # refused before the rewards' probe: nothing was generated
+    assert strategy.rollouts.backend is None
 
 
 def test_error_mode_refuses_a_long_data_row_in_setup(many_eos_path, tmp_path):
