@@ -421,6 +421,27 @@ MUTATIONS: list[Mutation] = [
             "test_kv_cache_too_small_for_one_group_names_kv_cache_gb_and_the_minimum",
         ),
     ),
+    Mutation(
+        name="reward failures: the per-call timeout not applied",
+        file="src/periodic_rl/rewards.py",
+        old="    if timeout_s is None:\n        return func(prompts, completions, **columns)\n",
+        new="    if True:\n        return func(prompts, completions, **columns)\n",
+        tests=(
+            "tests/test_scoring.py::"
+            "test_a_call_that_never_returns_raises_a_timeout_naming_reward_and_limit",
+            "tests/test_scoring.py::test_zero_counts_a_call_that_never_returns",
+        ),
+    ),
+    Mutation(
+        name="reward failures: reward_on_error zero does not count the failing call",
+        file="src/periodic_rl/scoring.py",
+        old="            if count:\n                self._failures[name] += 1\n",
+        new="",
+        tests=(
+            "tests/test_scoring.py::"
+            "test_training_run_with_a_failing_reward_finishes_and_logs_the_exact_count",
+        ),
+    ),
 ]
 
 
