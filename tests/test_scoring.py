@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 from rl_helpers import SGDModule, train
@@ -281,3 +282,16 @@ def test_training_run_with_a_failing_reward_finishes_and_logs_the_exact_count(ti
     zeroed = [g for g in groups if g.prompt in failed]
     assert len(zeroed) == 1 and zeroed[0].reward_components["sometimes_fails"] == [0.0] * 4
     assert all(r > 0 for g in groups if g not in zeroed for r in g.rewards)
+
+
+def test_math_example_scores_in_the_reward_thread(monkeypatch):
+    """examples/math_rewards.py's math-verify call works off the main thread (its signal-based
+    timeouts would raise there, and every completion would score 0)."""
+    pytest.importorskip("math_verify")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    from math_rewards import math_correct
+
+    s = scorer(math_correct, timeout=60)
+    completions = ["The answer is \\boxed{4}.", "It is 5."]
+    _, components = s.rewards(["2+2?"] * 2, completions, {"solution": ["4", "4"]})
+    assert components["math_correct"] == [1.0, 0.0]
