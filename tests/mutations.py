@@ -442,6 +442,36 @@ MUTATIONS: list[Mutation] = [
             "test_training_run_with_a_failing_reward_finishes_and_logs_the_exact_count",
         ),
     ),
+    Mutation(
+        name="faults: a hung rollout call is never timed out",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
+        old=(
+            "                for slot, waited in self._hung_slots(in_flight):\n"
+            '                    self._restart_hung(slot, waited, "call")'
+            "  # its calls come back failed\n"
+        ),
+        new="",
+        tests=(
+            "tests/rollout/test_faults.py::test_hung_worker_is_killed_and_its_calls_sent_again",
+        ),
+    ),
+    Mutation(
+        name="faults: a full disk is not recognised through torch.save's writer",
+        file="src/periodic_rl/checkpoint.py",
+        old="                torch.save(checkpoint, writer)\n",
+        new="                torch.save(checkpoint, handle)\n",
+        tests=("tests/test_checkpoint.py::test_real_full_tmpfs_during_a_fit",),
+    ),
+    Mutation(
+        name="faults: a resumed run does not restore the torch RNG",
+        file="src/periodic_rl/module.py",
+        old='            torch.set_rng_state(state["torch_rng"])\n',
+        new="            pass\n",
+        tests=(
+            "tests/test_trainer_kill.py::"
+            "test_trainer_killed_mid_iteration_resumes_as_if_never_killed",
+        ),
+    ),
 ]
 
 
