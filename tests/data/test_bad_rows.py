@@ -97,20 +97,19 @@ def test_missing_file_says_it_does_not_exist(tmp_path):
 
 def test_column_missing_from_some_rows_names_the_row_and_the_column(tmp_path):
     rows = [GOOD, GOOD, {"prompt": "What is 3 + 3?"}]
-    with pytest.raises(
-        ValueError, match=r"row 2 .*\(line 3\) has no value for column 'answer'"
-    ) as err:  # noqa: E501
+    with pytest.raises(ValueError, match=r"row 2 .*\(line 3\) has no column 'answer'") as err:  # noqa: E501
         load(write(tmp_path, rows))
     assert "add the value to every row" in str(err.value)
 
 
-def test_column_null_in_some_rows_is_missing_too(tmp_path):
-    with pytest.raises(ValueError, match=r"row 1 .* has no value for column 'answer'"):
-        load(write(tmp_path, [GOOD, GOOD | {"answer": None}]))
+def test_a_null_value_is_a_value(tmp_path):
+    """A hub dataset's optional column holds nulls: such rows load (the reward sees None)."""
+    rows = load(write(tmp_path, [GOOD, GOOD | {"answer": None}]))
+    assert [row["answer"] for row in rows._source.train].count(None) == 1
 
 
 def test_column_only_in_later_rows_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"row 1 .* has column 'hint', which row 0 has no value"):
+    with pytest.raises(ValueError, match=r"row 1 .* has column 'hint', which row 0 does not have"):
         load(write(tmp_path, [GOOD, GOOD | {"hint": "add"}]))
 
 

@@ -4,9 +4,9 @@ model loads or engine starts, naming the row, the file and the fix.
 A row is a dict with a ``"prompt"`` (after ``prompt_column`` was renamed) and any further
 columns, which reach the reward functions as keyword lists. The prompt is a non-empty string, or
 a non-empty list of chat messages ``{"role": ..., "content": "..."}`` with a role of
-:data:`ROLES` and string content. Every row has the same columns as the first row, with a value
-(not null): a reward receives each row's columns, and a row without one fails the reward call
-mid-run (or scores a ``None``).
+:data:`ROLES` and string content. Every row has the same columns as the first row: a reward
+receives each row's columns, and a row without one fails the reward call mid-run. A ``null``
+value is a value (a hub dataset's optional column holds nulls; the reward sees ``None``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def check_rows(
     lines: Sequence[int] | None = None,
 ) -> None:
     """Refuse an empty row list, a row without a valid prompt, and a row whose columns differ
-    from the first row's (a column missing or null in one of them). ``rows`` have their
+    from the first row's (a column missing from one of them). ``rows`` have their
     prompt under ``"prompt"``; ``lines``: each row's line in a JSON-lines file, for messages."""
     if not rows:
         raise ValueError(f"no rows in {source}: give a file (or split) with at least one row")
@@ -89,9 +89,9 @@ def check_rows(
         if columns != first:
             missing, extra = sorted(first - columns), sorted(columns - first)
             what = (
-                f"has no value for column {missing[0]!r}"
+                f"has no column {missing[0]!r}"
                 if missing
-                else f"has column {extra[0]!r}, which row 0 has no value for"
+                else f"has column {extra[0]!r}, which row 0 does not have"
             )
             raise ValueError(
                 f"{where} {what} (row 0 has {sorted(first)}): the reward functions receive "
@@ -116,4 +116,4 @@ def check_same_columns(
 
 
 def _columns(row: dict[str, Any]) -> set[str]:
-    return {k for k, v in row.items() if k != "prompt" and v is not None}
+    return {k for k in row if k != "prompt"}
