@@ -47,6 +47,7 @@ class FaultModule(RLModule):
         }
         with open(self.root / "steps.jsonl", "a") as steps:
             steps.write(json.dumps(record) + "\n")
+        torch.rand(1)  # a draw per iteration, as dropout makes: the RNG state matters on resume
         return super().training_step(batch, batch_idx)
 
     def _backward_micro_batch(self, groups, first=None):
