@@ -150,6 +150,21 @@ def test_hung_worker_is_killed_and_its_calls_sent_again(rollouts2, gate_dir, sho
           f"iteration took {elapsed:.1f} s")  # fmt: skip
 
 
+def test_a_slow_consumer_is_not_a_hang(rollouts2, short_timeout):
+    """The trainer may take longer than ``call_timeout_s`` between two groups (the generator
+    waits at a ``yield``): results that wait to be taken are progress, not a hang."""
+    jobs = make_jobs(6)
+    version = rollouts2.version or 0
+    before = counters(rollouts2)
+    groups = []
+    for group in rollouts2.generate(jobs, SAMPLING, version):
+        if not groups:
+            time.sleep(short_timeout * 1.5)  # every call of both workers finishes meanwhile
+        groups.append(group)
+    assert sorted(g.index for g in groups) == [j.index for j in jobs]
+    assert counters(rollouts2) == before
+
+
 def test_hung_weight_load_is_killed_and_restarted_onto_the_pushed_weights(
     rollouts2, reference, gate_dir, short_timeout, tiny_llama_path, make_trainer
 ):
