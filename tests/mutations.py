@@ -472,6 +472,20 @@ MUTATIONS: list[Mutation] = [
             "test_trainer_killed_mid_iteration_resumes_as_if_never_killed",
         ),
     ),
+    Mutation(
+        name="an iteration that lost a group trains on the rest (no completeness check)",
+        file="src/periodic_rl/rollout/producer.py",
+        old="        if len(received) != len(owner):",
+        new="        if False:",
+        tests=("tests/rollout/test_producer.py",),
+    ),
+    Mutation(
+        name="worker restarts counted over the whole run, not in a row",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
+        old="                    slot.failures = 0\n",
+        new="",
+        tests=("tests/rollout/test_faults.py::test_restarts_count_in_a_row_not_over_the_run",),
+    ),
 ]
 
 

@@ -97,6 +97,27 @@ def test_worker_killed_during_a_weight_push(
     assert {g.worker for g in groups} == {0, 1} and {g.fingerprint for g in groups} == {fingerprint}
 
 
+def test_restarts_count_in_a_row_not_over_the_run(rollouts2, gate_dir):
+    """With ``max_restarts=1``, worker 0 dies in three iterations, returning calls in between:
+    each death is isolated, so the run goes on (a long run survives any number of them)."""
+    jobs = make_jobs(4)
+    version = rollouts2.version or 0
+    clean = by_index(rollouts2.generate(jobs, SAMPLING, version))
+    before, rollouts2.max_restarts = rollouts2.max_restarts, 1
+    try:
+        for _ in range(3):
+            victim = rollouts2.worker_pids()[0]
+            (gate_dir / f"die-generate-{victim}").touch()
+            try:
+                assert by_index(rollouts2.generate(jobs, SAMPLING, version)) == clean
+            finally:
+                (gate_dir / f"die-generate-{victim}").unlink()
+            assert rollouts2.worker_pids()[0] != victim
+            assert by_index(rollouts2.generate(jobs, SAMPLING, version)) == clean  # it serves
+    finally:
+        rollouts2.max_restarts = before
+
+
 def test_two_workers_killed_in_the_same_iteration(rollouts2, gate_dir):
     """Both workers die at their first call of one iteration (each holding two calls): both
     are replaced, every job comes back once, and the groups equal the fault-free ones."""
@@ -210,7 +231,9 @@ def test_a_worker_that_always_hangs_fails_clearly(tiny_llama_path, gate_dir):
     hold = gate_dir / f"hold-{rollouts.worker_pids()[0]}"
     hold.touch()
     try:
-        with pytest.raises(RuntimeError, match=r"worker 0 failed 1 times .*raise call_timeout_s"):
+        with pytest.raises(
+            RuntimeError, match=r"worker 0 failed 1 times in a row .*raise call_timeout_s"
+        ):
             list(rollouts.generate(make_jobs(2), SAMPLING, 0))
     finally:
         hold.unlink()

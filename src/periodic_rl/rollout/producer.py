@@ -88,10 +88,17 @@ def produce(
             ramp_groups=plan.ramp_groups,
             cancel=stream.cancel_event,
         )
+        received: set[int] = set()
         with closing(calls):  # leaving early drops the calls still in flight
             for generated in calls:
                 if stream.cancelled:
                     break
+                if generated.index in received or generated.index not in owner:
+                    raise RuntimeError(
+                        f"the backend returned group {generated.index} "
+                        f"{'twice' if generated.index in received else 'not asked for'}"
+                    )
+                received.add(generated.index)
                 group = score(generated)
                 if on_all_scored is None:
                     _route(group, owner[group.index], stream, link)
@@ -100,6 +107,12 @@ def produce(
         if stream.cancelled:
             error = "rank 0 stopped its iteration"
             return
+        if len(received) != len(owner):  # never train on fewer groups than planned, silently
+            missing = sorted(owner.keys() - received)
+            raise RuntimeError(
+                f"the backend ended the iteration with {len(missing)} of its {len(owner)} "
+                f"groups not generated (jobs {missing[:10]})"
+            )
         if on_all_scored is not None:  # advantages that need every reward of the iteration
             on_all_scored(held)
             for group in held:

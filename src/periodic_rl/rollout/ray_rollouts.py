@@ -81,7 +81,9 @@ class RayRollouts(WeightPushes):
         groups_per_call: prompt groups per worker call (more: better batching; fewer: groups
             reach the trainer sooner).
         max_calls_in_flight: calls queued per worker at once.
-        max_restarts: restarts allowed per worker before a death (or hang) is fatal.
+        max_restarts: restarts in a row allowed per worker before a death (or hang) is fatal;
+            a worker that returns a call starts counting again, so a long run survives
+            any number of isolated deaths but not a worker that keeps failing.
         call_timeout_s: how long a worker may take per prompt group of a call (a call of ``g``
             groups gets ``g * call_timeout_s``, counted from when the worker finished its
             previous call) and for a weight load, before it counts as hung: it is killed
@@ -257,14 +259,15 @@ class RayRollouts(WeightPushes):
         if actor_failed_in_init(error):  # the engine cannot be built: no retry
             raise RuntimeError(f"rollout worker {slot.index} failed to start: {error}") from error
         slot.restarts += 1
+        slot.failures += 1
         self.restarts += 1
         hung = isinstance(error, WorkerHungError)
-        if slot.restarts > self.max_restarts:
+        if slot.failures > self.max_restarts:
             reason = (
-                f"failed {slot.restarts} times (last: {error}); giving up (raise "
+                f"failed {slot.failures} times in a row (last: {error}); giving up (raise "
                 "call_timeout_s if its calls are only slow)"
                 if hung
-                else f"died {slot.restarts} times; giving up"
+                else f"died {slot.failures} times in a row; giving up"
             )
             raise RuntimeError(f"rollout worker {slot.index} {reason}") from error
         if not hung:  # a hang was logged where it was found
@@ -370,6 +373,7 @@ class RayRollouts(WeightPushes):
                 if call.incarnation == slot.incarnation:
                     slot.in_flight -= 1
                     slot.last_done = time.monotonic()
+                    slot.failures = 0
                 if not cancel.is_set():
                     self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
                 self._record(groups)

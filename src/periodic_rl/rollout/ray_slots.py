@@ -18,6 +18,7 @@ class Slot:
     incarnation: int = 0
     in_flight: int = 0
     restarts: int = 0
+    failures: int = 0  # deaths and hangs since this slot last returned a call
     ready: Any = None  # ObjectRef of a restarted actor's warm_up; None when it can take work
     info: dict[str, Any] = field(default_factory=dict)
     last_done: float = 0.0  # time.monotonic() when a call of this actor was last seen done
