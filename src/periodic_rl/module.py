@@ -33,9 +33,9 @@ from periodic_rl.micro_batch import (
 from periodic_rl.models import load_tokenizer, resolve_model
 from periodic_rl.module_setup import (
     build_scorer,
-    check_rows_and_rewards,
     encode_prompt,
     load_policy,
+    probe_rewards,
     reference_model,
 )
 from periodic_rl.on_policy import check_on_policy
@@ -251,7 +251,7 @@ class RLModule(L.LightningModule):
         self.scorer = build_scorer(self, source)
         if source is not None:
             check_data_and_model(self, source, trainer.strategy if trainer else None)
-            check_rows_and_rewards(self, source.train[: self.hparams.num_generations])
+            probe_rewards(self, source.train[0])
 
     def configure_optimizers(self) -> Any:
         """AdamW, with the ``lr_scheduler`` schedule (:mod:`periodic_rl.optim`). Override it to

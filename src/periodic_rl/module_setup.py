@@ -83,16 +83,11 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     )
 
 
-def check_rows_and_rewards(module: Any, rows: list[dict[str, Any]]) -> None:
-    """Every row has a prompt that encodes (within ``max_prompt_length`` with
-    ``prompt_truncation='error'``), and the rewards score two probe completions of the first
-    row (right count, finite values): before any engine starts. Under ``reward_on_error:
-    zero`` a failing probe warns (the failure is not counted: the probes are not samples)."""
-    for row in rows:
-        if "prompt" not in row:
-            raise ValueError("every data row needs a 'prompt' (set prompt_column)")
-    module.encode_prompts(rows, "training data row")
-    row = rows[0]
+def probe_rewards(module: Any, row: dict[str, Any]) -> None:
+    """The rewards score two probe completions of ``row`` (right count, finite values) before
+    any engine starts. Under ``reward_on_error: zero`` a failing probe warns (the failure is
+    not counted: the probes are not samples). The rows themselves were checked when they
+    loaded and encoded by :func:`periodic_rl.setup_checks.check_data_and_model`."""
     probes = ["", "42"]
     columns = {k: [v] * len(probes) for k, v in row.items() if k != "prompt"}
     module.scorer.rewards([row["prompt"]] * len(probes), probes, columns, count=False)
