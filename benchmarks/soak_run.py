@@ -21,6 +21,7 @@ import lightning as L
 import psutil
 import torch
 import xxhash
+from common import bare_trainer  # benchmarks/ is on sys.path (soak.py, tests/test_soak.py)
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.rollout.processes import descendants
@@ -205,17 +206,7 @@ def fit_once(model_path: str, config: dict[str, Any], plan: dict[int, dict]) -> 
         cpus_per_worker=config["cpus_per_worker"],
     )
     monitor = SoakMonitor(plan, config["max_restarts"])
-    trainer = L.Trainer(
-        strategy=strategy,
-        max_steps=config["iterations"],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[monitor],
-    )
+    trainer = bare_trainer(strategy, config["iterations"], [monitor])
     datamodule = PromptDataModule(
         batch_size=config["batch_size"], num_train=config["num_train"], num_val=0,
         seed=config["seed"],

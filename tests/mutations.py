@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ["src", "tests", "examples", "pyproject.toml", "benchmarks/soak_run.py"]  # soak test
+COPIED = [
+    "src",
+    "tests",
+    "examples",
+    "pyproject.toml",
+    "benchmarks/soak_run.py",  # the soak test imports it, and its helpers
+    "benchmarks/common.py",
+]
 TIMEOUT_S = 1200
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from rl_helpers import max_diff
 
+from periodic_rl.rollout.processes import alive as alive_process
 from periodic_rl.rollout.processes import descendants, shm_files
 
 pytest.importorskip("ray")
@@ -54,14 +55,7 @@ def alive(pids: list[int], within_s: float) -> list[int]:
     """Those of ``pids`` still running (not zombies) after waiting up to ``within_s``."""
     deadline = time.monotonic() + within_s
     while True:
-        left = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        left.append(pid)
-            except OSError:
-                pass
+        left = [pid for pid in pids if alive_process(pid, None)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)

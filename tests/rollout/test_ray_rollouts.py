@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from periodic_rl.rollout.processes import descendants
+from periodic_rl.rollout.processes import alive, descendants
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
@@ -55,15 +55,7 @@ def gone(pids) -> bool:
     """Whether none of ``pids`` is a live (non-zombie) process any more (waits up to 10 s)."""
     deadline = time.time() + 10
     while time.time() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        alive.append(pid)
-            except OSError:
-                pass
-        if not alive:
+        if not any(alive(pid, None) for pid in pids):
             return True
         time.sleep(0.1)
     return False
