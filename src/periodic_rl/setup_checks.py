@@ -33,7 +33,9 @@ def check_data_and_model(module: Any, source: Any, strategy: Any) -> None:
         names = [_row_name(kind, i, row) for kind, i, row in rows]
         eval_new = h.eval_max_new_tokens or h.max_new_tokens
         config = model_text_config(module.model_path)
-        fit = (options.engine, options.engine_kwargs, config)
+        settings = getattr(strategy, "rollout_settings", None)
+        kwargs = settings.engine_kwargs if settings is not None else options.engine_kwargs
+        fit = (options.engine, kwargs, config)
         check_prompts_fit_engine(
             *fit, [len(x) for x in train_ids], names, h.num_generations, h.max_new_tokens
         )

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.device_defaults import (
+    PLACEMENT_STRATEGIES,
+    PUSH_TRANSPORTS,
+    RolloutSettings,
+    resolve_rollout,
+)
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.pipeline import RolloutRequest, StalenessPipeline
 from periodic_rl.rollout.producer import (
@@ -49,12 +55,15 @@ class RolloutOptions:
     use_ray: bool = True
     ray_address: str | None = None
     cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
+    gpus_per_worker: float | None = None  # None: the device's default (device_defaults)
     worker_cores: list[list[int]] | None = None
     groups_per_call: int = 2
     adapter_pushes: bool = True
     max_staleness: int = 0
     call_timeout_s: float | None = 600.0
+    worker_resources: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+    push_transport: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -77,6 +86,16 @@ class RolloutOptions:
             raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
+        if self.push_transport not in PUSH_TRANSPORTS:
+            raise ValueError(
+                f"push_transport must be one of {', '.join(PUSH_TRANSPORTS)}, "
+                f"got {self.push_transport!r}"
+            )
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                f"got {self.placement_strategy!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -108,17 +127,27 @@ class RolloutController:
         self._defer_pushes = False  # inner steps of num_iterations > 1
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self, model_path: str, link: Callable[[], RankLink]) -> None:
+    def start(
+        self,
+        model_path: str,
+        link: Callable[[], RankLink],
+        settings: RolloutSettings | None = None,
+    ) -> None:
         """Connect the ranks (once: ``link`` is a collective) and start the engines on rank 0
-        (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``)."""
+        (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``).
+
+        ``settings``: the options with the training device's defaults filled in
+        (:func:`~periodic_rl.rollout.device_defaults.resolve_rollout`; default: a CPU run)."""
         if not self._connected:
             self.link, self._connected = link(), True
         if self.link.rank == 0 and self.backend is None:
-            self.backend = self._build_backend(model_path)
+            self.backend = self._build_backend(
+                model_path, settings or resolve_rollout(self.options, "cpu")
+            )
 
-    def _build_backend(self, model_path: str) -> RolloutBackend:
+    def _build_backend(self, model_path: str, settings: RolloutSettings) -> RolloutBackend:
         o = self.options
-        spec = EngineSpec(kind=o.engine, model=model_path, kwargs=o.engine_kwargs)
+        spec = EngineSpec(kind=o.engine, model=model_path, kwargs=settings.engine_kwargs)
         if not o.use_ray:
             from periodic_rl.rollout.local import LocalRollouts
 
@@ -132,8 +161,12 @@ class RolloutController:
             num_workers=o.num_workers,
             ray_address=o.ray_address,
             cpus_per_worker=o.cpus_per_worker,
-            gpus_per_worker=o.gpus_per_worker,
+            gpus_per_worker=settings.gpus_per_worker,
             worker_cores=o.worker_cores,
+            worker_resources=o.worker_resources,
+            placement_strategy=o.placement_strategy,
+            push_transport=settings.push_transport,
+            local_gpus=settings.local_gpus.ray_gpus,
             groups_per_call=o.groups_per_call,
             call_timeout_s=o.call_timeout_s,
             spans=self.spans,

@@ -45,7 +45,7 @@ def check_rollout_options(options: Any, trainer_cores: Sequence[int] | None = No
     workers may run on other machines)."""
     if not options.cpus_per_worker > 0:
         raise ValueError(f"cpus_per_worker must be > 0, got {options.cpus_per_worker}")
-    if not options.gpus_per_worker >= 0:
+    if options.gpus_per_worker is not None and not options.gpus_per_worker >= 0:
         raise ValueError(f"gpus_per_worker must be >= 0, got {options.gpus_per_worker}")
     from periodic_rl.rollout.spec import EngineSpec
 

@@ -25,6 +25,7 @@ __all__ = [
     "reap",
     "remove_unused_shm",
     "shm_files",
+    "visible_gpus",
 ]
 
 
@@ -203,3 +204,27 @@ def all_cores() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+@contextmanager
+def visible_gpus(gpus: list[int] | None) -> Iterator[None]:
+    """Let the processes started inside (a local Ray's raylet, which hands GPUs to workers)
+    see only the CUDA devices ``gpus`` (``None``: leave ``CUDA_VISIBLE_DEVICES`` as it is).
+
+    Ray numbers the GPUs of a node from ``CUDA_VISIBLE_DEVICES`` when it starts; the training
+    ranks' own devices, already in use by this process, are unaffected by the change.
+    """
+    if gpus is None:
+        yield
+        return
+    name = "CUDA_VISIBLE_DEVICES"
+    before = os.environ.get(name)
+    shown = before.split(",") if before else [str(i) for i in range(max(gpus, default=-1) + 1)]
+    os.environ[name] = ",".join(shown[i] for i in gpus if i < len(shown))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

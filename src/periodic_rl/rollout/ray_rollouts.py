@@ -52,7 +52,13 @@ from periodic_rl.compat.ray import (
     set_default_worker_niceness,
 )
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.processes import all_cores, gather_within, reap, remove_unused_shm
+from periodic_rl.rollout.processes import (
+    all_cores,
+    gather_within,
+    reap,
+    remove_unused_shm,
+    visible_gpus,
+)
 from periodic_rl.rollout.ray_pushes import WeightPushes
 from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot, WorkerHungError
 from periodic_rl.rollout.schedule import plan_calls
@@ -78,6 +84,13 @@ class RayRollouts(WeightPushes):
             (only if Ray is not initialised in this process already).
         cpus_per_worker, gpus_per_worker: Ray resources reserved per worker.
         worker_cores: CPU cores to pin each worker to (one list per worker).
+        worker_resources: further (custom) Ray resources each worker needs, e.g.
+            ``{"rollout": 1}``: the workers then run only on nodes that offer them.
+        placement_strategy: the Ray placement-group strategy of the workers' bundles.
+        push_transport: ``object_store`` (one ``ray.put``, read by every worker) or
+            ``broadcast`` (a collective from this process into the workers).
+        local_gpus: for a local Ray (no ``ray_address``), the CUDA devices of this machine it
+            may give to workers (those no training rank uses); ``None``: all of them.
         groups_per_call: prompt groups per worker call (more: better batching; fewer: groups
             reach the trainer sooner).
         max_calls_in_flight: calls queued per worker at once.
@@ -107,6 +120,10 @@ class RayRollouts(WeightPushes):
         cpus_per_worker: float = 1,
         gpus_per_worker: float = 0,
         worker_cores: list[list[int]] | None = None,
+        worker_resources: dict[str, float] | None = None,
+        placement_strategy: str = "PACK",
+        push_transport: str = "object_store",
+        local_gpus: list[int] | None = None,
         groups_per_call: int = 2,
         max_calls_in_flight: int = 2,
         max_restarts: int = 3,
@@ -128,6 +145,9 @@ class RayRollouts(WeightPushes):
             raise ValueError(f"call_timeout_s must be > 0 or None, got {call_timeout_s}")
         self.spec, self.num_workers, self.ray_address = engine, num_workers, ray_address
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
+        self.worker_resources = dict(worker_resources or {})
+        self.placement_strategy, self.push_transport = placement_strategy, push_transport
+        self.local_gpus = list(local_gpus) if local_gpus is not None else None
         self.groups_per_call, self.max_calls_in_flight = groups_per_call, max_calls_in_flight
         self.max_restarts, self.call_timeout_s = max_restarts, call_timeout_s
         self.pythonpath = list(pythonpath or [])
@@ -167,7 +187,8 @@ class RayRollouts(WeightPushes):
             set_default_worker_niceness(0)
             args = self._ray_init_args()
             local = "_node_ip_address" not in args and args.get("address") == "local"
-            with all_cores(), loopback_node() if local else nullcontext():
+            gpus = visible_gpus(self.local_gpus) if local else nullcontext()
+            with all_cores(), gpus, loopback_node() if local else nullcontext():
                 ray.init(**args)
             self._owns_ray = True
         self.timings["ray_init_s"] = time.time() - began

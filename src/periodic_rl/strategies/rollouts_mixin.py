@@ -20,6 +20,7 @@ import torch
 
 from periodic_rl.checkpoint import AtomicCheckpointIO
 from periodic_rl.rollout.controller import PromptShare, RolloutController, RolloutOptions
+from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.engine_checks import check_rollout_options
 from periodic_rl.rollout.pipeline import RolloutRequest
@@ -39,7 +40,16 @@ ROLLOUT_ARGS_DOC = """
             (no overlap possible; handy for debugging).
         ray_address: an existing Ray cluster; by default a local one without a dashboard (see
             docs/troubleshooting.md for the ports Ray opens).
-        cpus_per_worker, gpus_per_worker: Ray resources reserved per worker.
+        cpus_per_worker, gpus_per_worker: Ray resources reserved per worker
+            (``gpus_per_worker`` unset: 0 on the CPU, the engine's ``tensor_parallel_size``
+            when the Trainer trains on GPUs; :mod:`periodic_rl.rollout.device_defaults`).
+        worker_resources: further Ray resources each worker needs, e.g. ``{"rollout": 1}`` to
+            place the workers on the nodes started with ``--resources='{"rollout": N}'``.
+        placement_strategy: how the workers' placement group spreads them over the nodes
+            (``PACK``, ``SPREAD``, ``STRICT_PACK``, ``STRICT_SPREAD``; docs/scaling.md).
+        push_transport: ``object_store`` (weights through host memory and Ray's object
+            store), ``broadcast`` (a collective from rank 0 into the workers: NCCL between
+            GPUs, no host round trip), or ``auto`` (default: ``broadcast`` on GPUs).
         worker_cores: CPU cores to pin each worker to (one list per worker).
         trainer_cores: CPU cores to pin each training process to (with ``worker_cores``, the
             two sides do not fight over cores).
@@ -75,13 +85,16 @@ class RolloutsMixin:
         use_ray: bool = True,
         ray_address: str | None = None,
         cpus_per_worker: float = 1.0,
-        gpus_per_worker: float = 0.0,
+        gpus_per_worker: float | None = None,
         worker_cores: list[list[int]] | None = None,
         trainer_cores: list[int] | None = None,
         groups_per_call: int = 2,
         adapter_pushes: bool = True,
         max_staleness: int = 0,
         call_timeout_s: float | None = 600.0,
+        worker_resources: dict[str, float] | None = None,
+        placement_strategy: str = "PACK",
+        push_transport: str = "auto",
         **kwargs: Any,
     ) -> None:
         options = RolloutOptions(  # checks the arguments before Lightning sees any
@@ -98,6 +111,9 @@ class RolloutsMixin:
             adapter_pushes=adapter_pushes,
             max_staleness=max_staleness,
             call_timeout_s=call_timeout_s,
+            worker_resources=dict(worker_resources) if worker_resources else None,
+            placement_strategy=placement_strategy,
+            push_transport=push_transport,
         )
         check_rollout_options(options, trainer_cores)  # installed, engine_kwargs, cores
         if self.atomic_checkpoints:
@@ -112,7 +128,7 @@ class RolloutsMixin:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
         super().setup(trainer)  # type: ignore[misc]
-        self.rollouts.start(self.lightning_module.model_path, rank_link)
+        self.rollouts.start(self.lightning_module.model_path, rank_link, self.rollout_settings)
         self.rollouts.push(self.lightning_module, self.gathered_weights)
 
     def teardown(self) -> None:
@@ -128,6 +144,20 @@ class RolloutsMixin:
         return output
 
     # ---- what the training side decides ------------------------------------------------------
+    @property
+    def rollout_settings(self) -> RolloutSettings:
+        """The rollout options with the defaults of the training device filled in
+        (:mod:`periodic_rl.rollout.device_defaults`): GPU settings when the Trainer trains on
+        GPUs. The local Ray gets the GPUs of this machine that no training rank uses."""
+        device = self.root_device  # type: ignore[attr-defined]
+        trainer_gpus: list[int] = []
+        total = 0
+        if device.type == "cuda":
+            total = torch.cuda.device_count()
+            devices = getattr(self, "parallel_devices", None) or [device]
+            trainer_gpus = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        return resolve_rollout(self.rollouts.options, device.type, trainer_gpus, total)
+
     def gathered_weights(self) -> AbstractContextManager[Any]:
         """A context in which rank 0's module holds whole weights for a push; sharded
         strategies override it (:mod:`periodic_rl.weight_sync.gather`)."""

@@ -1,0 +1,135 @@
+"""The rollout settings whose defaults differ between a CPU run and a GPU run.
+
+A YAML written for the CPU runs on a GPU node with ``trainer.accelerator: gpu``: whatever the
+user left unset is filled in from the kind of the training device (:func:`resolve_rollout`),
+and what the user set always wins.
+
+=========================  =======================  =========================================
+setting                    CPU                      GPU (training device ``cuda``)
+=========================  =======================  =========================================
+vLLM ``dtype``             ``float32``              ``bfloat16``
+vLLM ``enforce_eager``     ``True`` (start ~5 s)    ``False`` (CUDA graphs)
+vLLM ``kv_cache_gb``       ``1``                    unset: ``gpu_memory_utilization`` sizes it
+vLLM ``gpu_memory_util.``  (not used)               ``0.9`` on its own GPU, ``0.3`` on a GPU
+                                                    shared with a training rank
+vLLM ``distributed_exec``  (not used)               ``mp`` when ``tensor_parallel_size > 1``
+HF engine ``device``       ``cpu``                  ``cuda`` (Ray sets the worker's GPU)
+HF engine ``dtype``        ``float32``              ``bfloat16``
+``gpus_per_worker``        ``0``                    the engine's ``tensor_parallel_size`` (1)
+``push_transport``         ``object_store``         ``broadcast`` (NCCL, no host round trip)
+=========================  =======================  =========================================
+
+On one machine the local Ray cluster is given only the GPUs the training ranks do not use
+(:func:`plan_local_gpus`); when there are not enough of them, the workers share the training
+ranks' GPUs and vLLM takes a smaller share of their memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``push_transport`` values: ``object_store`` (host memory and Ray's object store; any
+#: device), ``broadcast`` (a collective from the trainer into the workers: NCCL between GPUs,
+#: gloo between CPUs), ``auto`` (``broadcast`` on GPUs, ``object_store`` on the CPU).
+PUSH_TRANSPORTS = ("auto", "object_store", "broadcast")
+
+#: Ray placement-group strategies a worker set may be placed with.
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+CPU_VLLM = {"dtype": "float32", "enforce_eager": True, "kv_cache_gb": 1}
+GPU_VLLM = {"dtype": "bfloat16", "enforce_eager": False, "kv_cache_gb": None}
+#: vLLM's share of a GPU's memory: alone on it (vLLM's own default), or beside a training rank.
+GPU_MEMORY_ALONE = 0.9
+GPU_MEMORY_SHARED = 0.3
+CPU_HF = {"dtype": "float32", "device": "cpu"}
+GPU_HF = {"dtype": "bfloat16", "device": "cuda"}
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """How one machine's GPUs are split between the training ranks and a local Ray cluster.
+
+    Attributes:
+        ray_gpus: the CUDA device indices the local Ray may give to workers (``None``: do not
+            restrict Ray; there are no GPUs, or Ray is a cluster the user started).
+        shared: the workers run on GPUs a training rank also uses.
+    """
+
+    ray_gpus: list[int] | None = None
+    shared: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The rollout options with every device-dependent default filled in."""
+
+    device_type: str
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    gpus_per_worker: float = 0.0
+    push_transport: str = "object_store"
+    local_gpus: LocalGpus = LocalGpus()
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device_type == "cuda"
+
+
+def plan_local_gpus(
+    total: int, trainer_gpus: Sequence[int], num_workers: int, gpus_per_worker: float
+) -> LocalGpus:
+    """Give the workers of a local Ray the GPUs the training ranks leave free, if they fit
+    there; else let them share all ``total`` GPUs with the ranks (``shared``)."""
+    if total <= 0 or gpus_per_worker <= 0:
+        return LocalGpus()
+    free = [i for i in range(total) if i not in set(trainer_gpus)]
+    if free and num_workers * gpus_per_worker <= len(free):
+        return LocalGpus(ray_gpus=free, shared=False)
+    return LocalGpus(ray_gpus=list(range(total)), shared=bool(trainer_gpus))
+
+
+def resolve_rollout(
+    options: Any,
+    device_type: str,
+    trainer_gpus: Sequence[int] = (),
+    total_gpus: int = 0,
+) -> RolloutSettings:
+    """``options`` (:class:`~periodic_rl.rollout.controller.RolloutOptions`) with the defaults of
+    the table in the module docstring filled in for a training device of ``device_type``.
+
+    ``trainer_gpus`` / ``total_gpus``: the CUDA indices the training ranks of this machine use
+    and how many it has; they decide, for a local Ray, which GPUs the workers get and whether
+    they share them (:func:`plan_local_gpus`)."""
+    on_gpu = device_type == "cuda"
+    given = dict(options.engine_kwargs)
+    tensor_parallel = int(given.get("tensor_parallel_size", 1) or 1)
+    gpus = options.gpus_per_worker
+    if gpus is None:
+        gpus = float(tensor_parallel) if on_gpu else 0.0
+    local = LocalGpus()
+    if on_gpu and options.ray_address is None and options.use_ray:
+        local = plan_local_gpus(total_gpus, trainer_gpus, options.num_workers, gpus)
+    elif on_gpu and not options.use_ray:
+        local = LocalGpus(shared=True)  # the engine lives in the training process
+    defaults: dict[str, Any] = {}
+    if options.engine == "vllm":
+        defaults = dict(GPU_VLLM if on_gpu else CPU_VLLM)
+        if on_gpu:
+            defaults["gpu_memory_utilization"] = (
+                GPU_MEMORY_SHARED if local.shared else GPU_MEMORY_ALONE
+            )
+            if tensor_parallel > 1:
+                defaults["distributed_executor_backend"] = "mp"
+    elif options.engine == "hf":
+        defaults = dict(GPU_HF if on_gpu else CPU_HF)
+    transport = options.push_transport
+    if transport == "auto":
+        transport = "broadcast" if on_gpu and options.use_ray else "object_store"
+    return RolloutSettings(
+        device_type=device_type,
+        engine_kwargs={**defaults, **given},
+        gpus_per_worker=float(gpus),
+        push_transport=transport,
+        local_gpus=local,
+    )
