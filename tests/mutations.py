@@ -493,6 +493,20 @@ MUTATIONS: list[Mutation] = [
         new="",
         tests=("tests/rollout/test_faults.py::test_restarts_count_in_a_row_not_over_the_run",),
     ),
+    Mutation(
+        name="a GPU run's vLLM keeps the CPU settings (device defaults ignored)",
+        file="src/periodic_rl/rollout/device_defaults.py",
+        old="        defaults = dict(GPU_VLLM if on_gpu else CPU_VLLM)",
+        new="        defaults = dict(CPU_VLLM)",
+        tests=("tests/rollout/test_device_defaults.py",),
+    ),
+    Mutation(
+        name="the local Ray hands the training ranks' GPUs to workers",
+        file="src/periodic_rl/rollout/device_defaults.py",
+        old="    free = [i for i in range(total) if i not in set(trainer_gpus)]",
+        new="    free = list(range(total))",
+        tests=("tests/rollout/test_device_defaults.py",),
+    ),
 ]
 
 
