@@ -8,10 +8,20 @@ its kept base (:mod:`periodic_rl.weight_sync.merge`). Either way every worker's 
 fingerprint is checked against the one computed here, and a worker that dies during a push, or
 whose load does not return within ``call_timeout_s`` (it is killed), is restarted straight onto
 the pushed weights (base and adapter replayed).
+
+Transports (``push_transport``): ``object_store`` as above; ``broadcast`` sends a full push
+as collectives from this process straight into the workers (NCCL from CUDA tensors into
+workers with GPUs, else gloo; :mod:`periodic_rl.weight_sync.broadcast`), with no host round
+trip on GPUs. The fingerprint is still computed from a host copy (made and hashed in a thread
+while the broadcast runs), and that copy is still put in the object store after the broadcast:
+restarted workers warm up from it. A broadcast that fails (a worker died, the group timed out)
+tears the group down and the push is completed through the object store; the next push forms a
+new group. Adapter pushes are small and always go through the object store.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -19,12 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from periodic_rl.rollout.ray_broadcast import BroadcastChannel
 from periodic_rl.rollout.ray_slots import PushedWeights, Slot
+from periodic_rl.weight_sync.broadcast import Backend, BroadcastPlan
 from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.transport import to_payload
 
 if TYPE_CHECKING:
     from periodic_rl.rollout.timing import SpanRecorder
+
+log = logging.getLogger(__name__)
 
 
 class WeightPushes:
@@ -39,6 +53,13 @@ class WeightPushes:
     call_timeout_s: float | None
     timings: dict[str, Any]
     spans: SpanRecorder
+    push_transport: str
+    ray_address: str | None
+    gpus_per_worker: float
+    #: The broadcast group's timeout (forming it, and each collective): a member that died or
+    #: hangs fails the broadcast after at most this long (a death usually at once).
+    broadcast_timeout_s: float = 120.0
+    _channel: BroadcastChannel | None = None
 
     def _require_started(self) -> None:
         raise NotImplementedError
@@ -66,6 +87,14 @@ class WeightPushes:
         """
         import ray
 
+        if self.push_transport == "broadcast":
+            if self._channel is None or self._channel.unusable is None:
+                return self._broadcast_weights(state_dict, version, keep)
+            # else through the object store (the reason was logged when it was found)
+        if self.push_transport != "object_store":
+            raise ValueError(
+                f"push_transport must be 'object_store' or 'broadcast', got {self.push_transport!r}"
+            )
         self._require_started()
         self._settle_all()
         began = time.time()
@@ -96,9 +125,137 @@ class WeightPushes:
             last_push_hash_done_s=hashed - began,  # the hash overlaps the put and the loads
             last_push_load_s=end - put,
             last_push_kind=kind,
+            last_push_transport="object_store",
         )
         self.spans.add("weight push", "weights", began, end, version=version, kind=kind)
         return expected
+
+    def _broadcast_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None
+    ) -> str:
+        """:meth:`push_weights` by broadcast (module docstring): form the group if needed, ask
+        every worker to receive, broadcast, then put the host copy for restarts and collect the
+        workers' fingerprints. A failed broadcast falls back to the object store."""
+        import ray
+
+        self._require_started()
+        self._settle_all()
+        began = time.time()
+        keep = sorted(keep) if keep is not None else None
+        if keep is not None and not set(keep) <= state_dict.keys():
+            raise KeyError(
+                f"keep names weights not pushed: {sorted(set(keep) - state_dict.keys())}"
+            )
+        tensors = {name: t.detach() for name, t in state_dict.items()}
+        backend = self._broadcast_backend(tensors)
+        if backend == "gloo":  # gloo sends from host memory: the one host copy serves all
+            tensors = {name: t.cpu() for name, t in tensors.items()}
+        plan = BroadcastPlan.of(tensors)
+        channel = self._broadcast_channel()
+        generation = channel.generation
+        calls: list[tuple[Slot, int, Any]] = []
+        failure: BaseException | None = None
+        formed = began
+        with ThreadPoolExecutor(1, thread_name_prefix="weights-fingerprint") as pool:
+            hashing = pool.submit(_host_copy_and_fingerprint, tensors, plan)
+            try:
+                group = channel.group_for(self._slots, backend)
+                formed = time.time()
+                calls = [
+                    (s, s.incarnation, s.actor.receive_weights.remote(plan, version, keep))
+                    for s in self._slots
+                ]
+                group.send(plan, tensors)
+            except Exception as error:  # noqa: BLE001 - completed through the object store
+                failure = error
+                channel.close_group()
+            sent = time.time()
+            host, expected = hashing.result()
+            hashed = time.time()
+        del tensors
+        ref = ray.put(to_payload(host))  # what restarted workers warm up from
+        del host
+        put = time.time()
+        target = PushedWeights(ref, version, expected, keep)
+        kind = "full" if keep is None else "base"
+        transport = "broadcast"
+        if failure is not None:
+            log.warning(
+                "weight broadcast of version %s failed (%s); completing the push through the "
+                "object store%s",
+                version,
+                failure,
+                ", as every later push" if channel.unusable else "",
+            )
+            transport = f"object_store (broadcast failed: {type(failure).__name__})"
+            calls = self._after_failed_broadcast(calls, [ref], version, keep)
+        self._collect(calls, target, expected, f"weight push of version {version}")
+        end = time.time()
+        self.timings.update(
+            last_push_s=end - began,
+            last_push_group_s=formed - began,  # forming the group (0 when it was kept)
+            last_push_broadcast_s=sent - formed,
+            last_push_hash_done_s=hashed - began,  # the copy and hash overlap the broadcast
+            last_push_put_s=put - hashed,  # after the broadcast, for restart warm-ups
+            last_push_load_s=end - put,
+            last_push_kind=kind,
+            last_push_transport=transport,
+            last_push_group_generation=channel.generation,
+            last_push_group_formed=channel.generation != generation,
+        )
+        self.spans.add(
+            "weight push", "weights", began, end, version=version, kind=kind, transport=transport
+        )
+        return expected
+
+    def _broadcast_backend(self, tensors: dict[str, torch.Tensor]) -> Backend:
+        """NCCL from CUDA tensors into workers that have GPUs; gloo otherwise."""
+        on_cuda = any(t.device.type == "cuda" for t in tensors.values())
+        return "nccl" if on_cuda and self.gpus_per_worker > 0 else "gloo"
+
+    def _broadcast_channel(self) -> BroadcastChannel:
+        """The store server and group, made on first use: on 127.0.0.1 for a local Ray, on this
+        node's address when the workers run on a cluster (``ray_address``)."""
+        if self._channel is None:
+            import ray
+
+            host = ray.util.get_node_ip_address() if self.ray_address else "127.0.0.1"
+            self._channel = BroadcastChannel(host, self.broadcast_timeout_s)
+        return self._channel
+
+    def _close_broadcast(self) -> None:
+        """Leave the weight group and stop serving its store (at shutdown)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+    def _after_failed_broadcast(
+        self, calls: list[tuple[Slot, int, Any]], weights: list[Any], version: int, keep: Any
+    ) -> list[tuple[Slot, int, Any]]:
+        """The calls that complete a push whose broadcast failed: a worker whose receive
+        completed keeps it, a dead or hung one is left to :meth:`_collect` (which restarts it
+        onto the object-store copy), and every other worker loads that copy."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        receiving = {slot.index: (incarnation, call) for slot, incarnation, call in calls}
+        deadline = time.monotonic() + self.broadcast_timeout_s + 5.0
+        completed = []
+        for slot in self._slots:
+            if slot.index in receiving:
+                incarnation, call = receiving[slot.index]
+                try:  # its receive fails once the group is gone (at most the group's timeout)
+                    ray.get(call, timeout=max(0.0, deadline - time.monotonic()))
+                    completed.append((slot, incarnation, call))  # it got everything
+                    continue
+                except (RayActorError, GetTimeoutError):
+                    completed.append((slot, incarnation, call))
+                    continue
+                except Exception:  # noqa: BLE001 - its receive failed: load the copy instead
+                    pass
+            load = slot.actor.load_weights.remote(weights, version, keep)
+            completed.append((slot, slot.incarnation, load))
+        return completed
 
     def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
         """Send only a LoRA adapter payload (:mod:`periodic_rl.weight_sync.export`); every worker
@@ -175,3 +332,15 @@ class WeightPushes:
             )
             raise RuntimeError(f"{what} failed: expected fingerprint {expected}, {details}")
         self.version, self.fingerprint, self._weights_ok = target.version, expected, True
+
+
+def _host_copy_and_fingerprint(
+    tensors: dict[str, torch.Tensor], plan: BroadcastPlan
+) -> tuple[dict[str, torch.Tensor], str]:
+    """A host copy of ``tensors`` (none for CPU tensors; tied names share one copy, as in the
+    broadcast) and its :func:`weights_fingerprint`, the one every worker must report."""
+    host = {name: t.cpu() for name, t in tensors.items() if name not in plan.aliases}
+    for name, target in plan.aliases.items():
+        host[name] = host[target]
+    host = {name: host[name] for name in tensors}
+    return host, weights_fingerprint(host)

@@ -527,6 +527,7 @@ class RayRollouts(WeightPushes):
             remove_unused_shm({f for r in reports for f in r.get("shm_files", [])})
             self._pushed = None
         finally:
+            self._close_broadcast()  # the trainer's weight group and its store, if any
             if self._owns_ray:
                 import ray
 

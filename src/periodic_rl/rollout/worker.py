@@ -33,6 +33,7 @@ from periodic_rl.weight_sync.transport import from_payload
 
 if TYPE_CHECKING:
     from periodic_rl.rollout.engine import InferenceEngine
+    from periodic_rl.weight_sync.broadcast import BroadcastPlan, GroupAddress, WeightGroup
 
 __all__ = [
     "GeneratedGroup",
@@ -80,6 +81,7 @@ class RolloutWorker:
         from periodic_rl.weight_sync.merge import AdapterLoader  # imports torch: after pinning
 
         self._adapter = AdapterLoader()
+        self._weight_group: WeightGroup | None = None  # push_transport="broadcast"
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
 
@@ -165,13 +167,78 @@ class RolloutWorker:
         engine = self._engine()
         started = time.time()
         state_dict = from_payload(_fetch(weights))
-        fingerprint = engine.load_weights(state_dict)
-        self._adapter.keep_base(engine, state_dict, keep, fingerprint)
+        fingerprint = self._install(engine, state_dict, version, keep)
         del state_dict  # drop the shared-memory views: they pin the object
-        self._fingerprint = fingerprint
-        self.version = version
         self.last_load_s = time.time() - started
         return fingerprint
+
+    def _install(
+        self,
+        engine: InferenceEngine,
+        state_dict: dict[str, Any],
+        version: int,
+        keep: list[str] | None,
+    ) -> str:
+        """Load a full state dict into ``engine`` (base kept for adapter pushes when ``keep``
+        names the adapted weights); returns the engine's fingerprint of what landed."""
+        fingerprint = engine.load_weights(state_dict)
+        self._adapter.keep_base(engine, state_dict, keep, fingerprint)
+        self._fingerprint = fingerprint
+        self.version = version
+        return fingerprint
+
+    # ---- weights broadcast from the trainer (push_transport="broadcast") ---------------------
+    def join_weight_group(self, address: GroupAddress, rank: int) -> str | None:
+        """Join the trainer's weight group (:mod:`periodic_rl.weight_sync.broadcast`) as
+        ``rank``, leaving any previous one; returns once every member has joined (raises after
+        the group's timeout). Gloo connections bind to 127.0.0.1 for a local run, else to this
+        node's address. Returns the UUID of this worker's GPU for NCCL (two ranks of one NCCL
+        group cannot share a GPU), else ``None``."""
+        from periodic_rl.weight_sync.broadcast import WeightGroup, local_bind_host
+
+        self.leave_weight_group()
+        host = local_bind_host(address.host)
+        if host is None:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        elif address.backend == "nccl":
+            from periodic_rl.compat.torch_distributed import loopback_interface
+
+            interface = loopback_interface()
+            if interface is not None:  # NCCL's bootstrap sockets, before its first use
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+        self._weight_group = WeightGroup.join(address, rank, host)
+        return self._weight_group.device_uuid()
+
+    def receive_weights(
+        self, plan: BroadcastPlan, version: int, keep: list[str] | None = None
+    ) -> str:
+        """Receive a full push broadcast by the trainer (``plan``: the tensors, in order) into
+        fresh tensors on this worker's device, then load it like :meth:`load_weights`; returns
+        the engine's fingerprint. If the broadcast fails (a member died, the group timed out),
+        this worker leaves the group and raises, its engine still holding its previous
+        weights (nothing is loaded before every tensor arrived)."""
+        engine = self._engine()
+        group = self._weight_group
+        if group is None or group.backend is None:
+            raise RuntimeError(f"worker {self.worker_id} is in no weight group")
+        started = time.time()
+        try:
+            state_dict = group.receive(plan)
+        except BaseException:
+            self.leave_weight_group()
+            raise
+        fingerprint = self._install(engine, state_dict, version, keep)
+        del state_dict
+        self.last_load_s = time.time() - started
+        return fingerprint
+
+    def leave_weight_group(self) -> None:
+        """Leave the weight group, if in one (its connections close)."""
+        group, self._weight_group = getattr(self, "_weight_group", None), None
+        if group is not None:
+            group.close()
 
     def load_adapter(self, adapter: Any, version: int) -> str:
         """Merge a LoRA adapter payload (:mod:`periodic_rl.weight_sync.merge`; passed like
@@ -202,6 +269,7 @@ class RolloutWorker:
         me = os.getpid()
         family = descendants(me)
         files = shm_files([me, *(pid for pid, _ in family)], LEFTOVER_SHM_PREFIXES)
+        self.leave_weight_group()
         if self.engine is not None:
             try:
                 self.engine.shutdown()
