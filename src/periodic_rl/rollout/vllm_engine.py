@@ -265,11 +265,11 @@ class VLLMEngine(InferenceEngine):
                 )
         else:
             names.check(state_dict)
-        tensors = detached_cpu(state_dict)
         if self.in_process:
+            tensors = _detached_for_engine(state_dict)
             results = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
         else:
-            results = self._load_through_file(tensors, partial)
+            results = self._load_through_file(detached_cpu(state_dict), partial)
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after the weight push")
         if len(set(results)) != 1:
@@ -463,6 +463,19 @@ def _host_state_preserved() -> Iterator[None]:
         random.setstate(python_rng)
         if numpy is not None:
             numpy.random.set_state(numpy_rng)
+
+
+def _detached_for_engine(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` detached, tensors already on the engine's kind of device left there (a
+    broadcast push lands CUDA tensors: no round trip through the host), others moved to the
+    CPU (vLLM's loader copies them to its device)."""
+    from vllm.platforms import current_platform
+
+    device_type = current_platform.device_type
+    return {
+        name: t.detach() if t.device.type == device_type else t.detach().to("cpu")
+        for name, t in state_dict.items()
+    }
 
 
 def _shm_entries() -> set[str]:
