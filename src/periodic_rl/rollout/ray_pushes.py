@@ -40,6 +40,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Timings only a broadcast push records.
+_BROADCAST_TIMINGS = (
+    "last_push_group_s",
+    "last_push_broadcast_s",
+    "last_push_group_generation",
+    "last_push_group_formed",
+)
+
 
 class WeightPushes:
     """The weight-push half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
@@ -119,6 +127,8 @@ class WeightPushes:
         kind = "full" if keep is None else "base"
         self._collect(calls, target, expected, f"weight push of version {version}")
         end = time.time()
+        for key in _BROADCAST_TIMINGS:  # of an earlier broadcast push
+            self.timings.pop(key, None)
         self.timings.update(
             last_push_s=end - began,
             last_push_put_s=put - began,
