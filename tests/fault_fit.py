@@ -53,6 +53,7 @@ class FaultModule(RLModule):
     def _backward_micro_batch(self, groups, first=None):
         out = super()._backward_micro_batch(groups, first)
         if self.trainer.global_step == self.block_at:
+            self.trainer.strategy.checkpoint_io.wait()  # step N's, written in the background
             workers = self.trainer.strategy.rollouts.backend.worker_pids()
             (self.root / "blocked.tmp").write_text(json.dumps(workers))
             (self.root / "blocked.tmp").rename(self.root / "blocked")

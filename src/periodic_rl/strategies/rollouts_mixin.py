@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from periodic_rl.checkpoint import AtomicCheckpointIO
+from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
 from periodic_rl.rollout.controller import PromptShare, RolloutController, RolloutOptions
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
@@ -67,6 +67,9 @@ ROLLOUT_ARGS_DOC = """
         call_timeout_s: seconds a rollout worker may take per prompt group of a call (and for
             a weight load) before it counts as hung: it is killed and restarted, its groups
             generated again with the same seeds (docs/troubleshooting.md). ``None``: no limit.
+        async_checkpoints: write one-file checkpoints in a background thread from a copy taken
+            at the save (:class:`~periodic_rl.checkpoint.AsyncAtomicCheckpointIO`), so that
+            saving does not stall training; ``False`` writes them before training goes on.
 """
 
 
@@ -95,6 +98,7 @@ class RolloutsMixin:
         worker_resources: dict[str, float] | None = None,
         placement_strategy: str = "PACK",
         push_transport: str = "auto",
+        async_checkpoints: bool = True,
         **kwargs: Any,
     ) -> None:
         options = RolloutOptions(  # checks the arguments before Lightning sees any
@@ -117,7 +121,8 @@ class RolloutsMixin:
         )
         check_rollout_options(options, trainer_cores)  # installed, engine_kwargs, cores
         if self.atomic_checkpoints:
-            kwargs.setdefault("checkpoint_io", AtomicCheckpointIO())
+            io = AsyncAtomicCheckpointIO() if async_checkpoints else AtomicCheckpointIO()
+            kwargs.setdefault("checkpoint_io", io)
         super().__init__(**kwargs)
         self.rollouts = RolloutController(options, SpanRecorder())
         self.trainer_cores = trainer_cores
