@@ -109,28 +109,38 @@ def test_lora_base_by_broadcast_then_adapter(rollouts, tiny_llama_path):
 
 def test_killed_worker_is_restarted_and_the_group_reformed(rollouts, checkpoint):
     jobs = make_jobs(4)
-    state = scaled(checkpoint, 0.5)
+    state = scaled(checkpoint, -2.0)
     expected = weights_fingerprint(state)
     push(rollouts, checkpoint, 20, "broadcast")
     generation = rollouts.timings["last_push_group_generation"]
     restarts = rollouts.restarts
+    # Killed between pushes and restarted by a generate: the next push forms a new group.
     victim = rollouts.worker_pids()[1]
     os.kill(victim, signal.SIGKILL)
-    # The group's member is gone: the broadcast fails, the push completes through the object
-    # store (the dead worker restarted onto it), and every worker holds the new weights.
-    assert push(rollouts, state, 21, "broadcast") == expected
-    assert rollouts.timings["last_push_transport"].startswith("object_store (broadcast failed")
+    by_checkpoint = by_index(rollouts.generate(jobs, SAMPLING, 20))
     assert rollouts.restarts == restarts + 1 and victim not in rollouts.worker_pids()
-    assert held(rollouts) == [expected] * 2
-    by_fallback = by_index(rollouts.generate(jobs, SAMPLING, 21))
-    # The next push forms a new group with the restarted worker and broadcasts.
-    assert push(rollouts, state, 22, "broadcast") == expected
+    assert push(rollouts, state, 21, "broadcast") == expected
     timings = rollouts.timings
     assert timings["last_push_transport"] == "broadcast" and timings["last_push_group_formed"]
-    assert timings["last_push_group_generation"] > generation
-    groups = list(rollouts.generate(jobs, SAMPLING, 22))
-    assert by_index(groups) == by_fallback and {g.worker for g in groups} == {0, 1}
-    push(rollouts, checkpoint, 23, "broadcast")
+    assert timings["last_push_group_generation"] == generation + 1
+    assert held(rollouts) == [expected] * 2
+    by_broadcast = by_index(rollouts.generate(jobs, SAMPLING, 21))
+    assert by_broadcast != by_checkpoint
+    # Killed between pushes and found by the push: the broadcast fails, the push completes
+    # through the object store (the dead worker restarted onto it), and the next push
+    # broadcasts again through a new group.
+    victim = rollouts.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    assert push(rollouts, state, 22, "broadcast") == expected
+    assert rollouts.timings["last_push_transport"].startswith("object_store (broadcast failed")
+    assert rollouts.restarts == restarts + 2 and victim not in rollouts.worker_pids()
+    assert held(rollouts) == [expected] * 2
+    assert push(rollouts, state, 23, "broadcast") == expected
+    timings = rollouts.timings
+    assert timings["last_push_transport"] == "broadcast" and timings["last_push_group_formed"]
+    groups = list(rollouts.generate(jobs, SAMPLING, 23))
+    assert by_index(groups) == by_broadcast and {g.worker for g in groups} == {0, 1}
+    push(rollouts, checkpoint, 24, "broadcast")
 
 
 def test_a_tampered_load_fails_the_broadcast_push(tiny_llama_path, checkpoint):
