@@ -64,6 +64,7 @@ def test_gpus_per_worker_default():
 def test_push_transport_default():
     assert settings("cpu").push_transport == "object_store"
     assert settings("cuda", [0], 2).push_transport == "broadcast"
+    assert settings("cuda", [0], 1).push_transport == "object_store"  # NCCL: one rank per GPU
     assert settings("cuda", [0], 2, push_transport="object_store").push_transport == "object_store"
     assert settings("cpu", push_transport="broadcast").push_transport == "broadcast"
 

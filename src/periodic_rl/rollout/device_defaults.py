@@ -16,7 +16,8 @@ vLLM ``distributed_exec``  (not used)               ``mp`` when ``tensor_paralle
 HF engine ``device``       ``cpu``                  ``cuda`` (Ray sets the worker's GPU)
 HF engine ``dtype``        ``float32``              ``bfloat16``
 ``gpus_per_worker``        ``0``                    the engine's ``tensor_parallel_size`` (1)
-``push_transport``         ``object_store``         ``broadcast`` (NCCL, no host round trip)
+``push_transport``         ``object_store``         ``broadcast`` (NCCL, no host round trip);
+                                                    ``object_store`` on a shared GPU
 =========================  =======================  =========================================
 
 On one machine the local Ray cluster is given only the GPUs the training ranks do not use
@@ -124,8 +125,9 @@ def resolve_rollout(
     elif options.engine == "hf":
         defaults = dict(GPU_HF if on_gpu else CPU_HF)
     transport = options.push_transport
-    if transport == "auto":
-        transport = "broadcast" if on_gpu and options.use_ray else "object_store"
+    if transport == "auto":  # NCCL cannot join two ranks on one GPU: shared GPUs use the store
+        broadcast = on_gpu and options.use_ray and not local.shared
+        transport = "broadcast" if broadcast else "object_store"
     return RolloutSettings(
         device_type=device_type,
         engine_kwargs={**defaults, **given},
