@@ -507,6 +507,39 @@ MUTATIONS: list[Mutation] = [
         new="    free = list(range(total))",
         tests=("tests/rollout/test_device_defaults.py",),
     ),
+    Mutation(
+        name="a broadcast receiver takes the buckets in reverse order",
+        file="src/periodic_rl/weight_sync/broadcast.py",
+        old="        works = []\n        for bucket in plan.buckets:\n",
+        new="        works = []\n        for bucket in reversed(plan.buckets):\n",
+        tests=(
+            "tests/weight_sync/test_broadcast.py::"
+            "test_two_processes_exchange_tensors_on_loopback_only",
+        ),
+    ),
+    Mutation(
+        name="the broadcast group is not re-formed after a worker restart",
+        file="src/periodic_rl/rollout/ray_broadcast.py",
+        old="        members = (backend, *((s.index, s.incarnation) for s in slots))",
+        new="        members = (backend, *(s.index for s in slots))",
+        tests=(
+            "tests/rollout/test_broadcast_push.py::"
+            "test_killed_worker_is_restarted_and_the_group_reformed",
+        ),
+    ),
+    Mutation(
+        name="a broadcast push's worker reports what it received, not what it loaded",
+        file="src/periodic_rl/rollout/worker.py",
+        old="        fingerprint = self._install(engine, state_dict, version, keep)\n"
+        "        del state_dict\n",
+        new="        self._install(engine, state_dict, version, keep)\n"
+        "        from periodic_rl.weight_sync.fingerprint import weights_fingerprint\n\n"
+        "        fingerprint = self._fingerprint = weights_fingerprint(state_dict)\n"
+        "        del state_dict\n",
+        tests=(
+            "tests/rollout/test_broadcast_push.py::test_a_tampered_load_fails_the_broadcast_push",
+        ),
+    ),
 ]
 
 
