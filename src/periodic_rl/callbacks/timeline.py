@@ -1,7 +1,8 @@
 """`PipelineTimeline`: see where an iteration's time went, lane by lane.
 
 Periodic asynchrony only pays when the trainer trains while the workers generate. A Gantt
-chart of the strategy's timing spans (one row per lane: trainer, worker-0, ...) shows that
+chart of the strategy's timing spans (one row per lane: trainer, worker-0, ..., each labelled
+with the Ray node it ran on when the rollouts recorded one) shows that
 overlap and the bubbles around it at a glance; the Chrome/Perfetto trace of the same spans lets
 a person zoom in. Both are written from :class:`~periodic_rl.rollout.timing.SpanRecorder`.
 """
@@ -47,9 +48,11 @@ def gantt_png(
     title: str,
     iteration_starts: dict[int, float] | None = None,
     xlabel: str = "seconds from iteration start",
+    lane_labels: dict[str, str] | None = None,
 ) -> Path:
     """Draw ``spans`` as a Gantt chart (one row per lane, x in seconds from the first span)
-    and write it to ``path`` as a PNG. ``iteration_starts`` marks iteration boundaries.
+    and write it to ``path`` as a PNG. ``iteration_starts`` marks iteration boundaries;
+    ``lane_labels`` names rows (e.g. ``worker-0 @ node 3f2a9c1e (10.0.0.2)``), default the lane.
 
     Uses matplotlib's object API with the Agg canvas: no pyplot, so the user's backend and
     global figure state are left alone, and it works from any thread.
@@ -79,7 +82,7 @@ def gantt_png(
     for iteration, start in sorted((iteration_starts or {}).items()):
         ax.axvline(start - origin, color="black", linewidth=0.6, linestyle=":")
         ax.text(start - origin, -0.55, f" it {iteration}", fontsize=7, va="bottom")
-    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_yticks(range(len(lanes)), [(lane_labels or {}).get(lane, lane) for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.7)
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
     ax.set_xlabel(xlabel)
@@ -181,7 +184,12 @@ class PipelineTimeline(Callback):
             write_json(
                 out / f"iteration-{iteration}.trace.json", recorder.to_chrome_trace(iteration)
             ),
-            gantt_png(spans, out / f"iteration-{iteration}.png", title),
+            gantt_png(
+                spans,
+                out / f"iteration-{iteration}.png",
+                title,
+                lane_labels=recorder.lane_labels(),
+            ),
         ]
         self.written.extend(paths)
         return paths
@@ -199,7 +207,12 @@ class PipelineTimeline(Callback):
         paths = [
             write_json(out / "all.trace.json", recorder.to_chrome_trace()),
             gantt_png(
-                spans, out / "all.png", title, iteration_starts=starts, xlabel="seconds from start"
+                spans,
+                out / "all.png",
+                title,
+                iteration_starts=starts,
+                xlabel="seconds from start",
+                lane_labels=recorder.lane_labels(),
             ),
         ]
         self.written.extend(paths)

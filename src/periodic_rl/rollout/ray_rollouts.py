@@ -21,12 +21,9 @@ in ``RayRollouts.hung_restarts``). Calls the dead
 worker had already finished are kept; nothing is lost or yielded twice, and the groups equal
 those of a fault-free run (engines are seeded per group).
 
-Ray is started only by :meth:`RayRollouts.start` (the strategy's setup, never at import),
-locally unless ``ray_address`` is given. A local cluster listens on loopback only: no
-dashboard, and its node gets the address 127.0.0.1
-(:func:`~periodic_rl.compat.ray.loopback_node`), so Ray's servers bind to 127.0.0.1 (the engines
-open no listening socket of their own). To be reachable from other machines, join a cluster you
-started (``ray_address``) or give ``ray_init_kwargs={"_node_ip_address": ...}``.
+Ray and placement (:mod:`periodic_rl.rollout.placement`): Ray is started by :meth:`start`,
+locally on loopback unless ``ray_address`` is given; each worker runs in its own bundle of one
+placement group, a restarted one in the same bundle.
 
 Threads: ``generate`` may run in a producer thread, but one call at a time, and never together
 with ``push_weights`` (the strategy joins its producer before it steps and pushes).
@@ -36,32 +33,34 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
-from periodic_rl.compat.ray import (
-    actor_failed_in_init,
-    loopback_node,
-    set_default_worker_niceness,
-)
+from periodic_rl.compat.ray import actor_failed_in_init
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.processes import (
-    all_cores,
-    gather_within,
-    reap,
-    remove_unused_shm,
-    visible_gpus,
+from periodic_rl.rollout.placement import (
+    WorkerPlacement,
+    init_ray,
+    node_label,
+    ray_init_args,
+    this_node,
+    worker_bundle,
+    worker_runtime_env,
 )
+from periodic_rl.rollout.processes import gather_within, reap, remove_unused_shm
 from periodic_rl.rollout.ray_pushes import WeightPushes
-from periodic_rl.rollout.ray_slots import Call, PushedWeights, Slot, WorkerHungError
-from periodic_rl.rollout.schedule import plan_calls
+from periodic_rl.rollout.ray_slots import (
+    Call,
+    PushedWeights,
+    Slot,
+    WorkerHungError,
+    hung_slots,
+)
+from periodic_rl.rollout.schedule import plan_calls, take_jobs
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
@@ -70,8 +69,6 @@ from periodic_rl.rollout.worker import remote_worker
 __all__ = ["GeneratedGroup", "GroupJob", "RayRollouts"]
 
 log = logging.getLogger(__name__)
-
-_SRC_DIR = str(Path(__file__).resolve().parents[2])  # .../src, so workers import periodic_rl
 
 
 class RayRollouts(WeightPushes):
@@ -86,7 +83,8 @@ class RayRollouts(WeightPushes):
         worker_cores: CPU cores to pin each worker to (one list per worker).
         worker_resources: further (custom) Ray resources each worker needs, e.g.
             ``{"rollout": 1}``: the workers then run only on nodes that offer them.
-        placement_strategy: the Ray placement-group strategy of the workers' bundles.
+        placement_strategy: the Ray placement-group strategy of the workers' bundles (one per
+            worker); ``start`` fails with the cluster's resources if they cannot be placed.
         push_transport: ``object_store`` (one ``ray.put``, read by every worker) or
             ``broadcast`` (a collective from this process into the workers).
         local_gpus: for a local Ray (no ``ray_address``), the CUDA devices of this machine it
@@ -166,6 +164,7 @@ class RayRollouts(WeightPushes):
         self._pushed: PushedWeights | None = None  # replayed to warm up restarted workers
         self._weights_ok = True
         self._actor_class: Any = None
+        self._placement: WorkerPlacement | None = None
         self._owns_ray = False
         self._started = False
         self._closed = False
@@ -182,20 +181,20 @@ class RayRollouts(WeightPushes):
 
         began = time.time()
         if not ray.is_initialized():
-            # Ray renices workers to 15 by default; a rollout worker is half of the pipeline,
-            # not background work, and must not yield its core to anything else.
-            set_default_worker_niceness(0)
-            args = self._ray_init_args()
-            local = "_node_ip_address" not in args and args.get("address") == "local"
-            gpus = visible_gpus(self.local_gpus) if local else nullcontext()
-            with all_cores(), gpus, loopback_node() if local else nullcontext():
-                ray.init(**args)
+            init_ray(self._ray_init_args(), self.local_gpus)
             self._owns_ray = True
         self.timings["ray_init_s"] = time.time() - began
         atexit.register(self.shutdown)
         self._started = True
         try:
             began = time.time()
+            bundle = worker_bundle(
+                self.cpus_per_worker, self.gpus_per_worker, self.worker_resources
+            )
+            if bundle:  # Ray refuses empty bundles; zero resources need no reservation
+                bundles = [bundle] * self.num_workers
+                self._placement = WorkerPlacement.reserve(bundles, self.placement_strategy)
+            self.spans.label_lane("trainer", node_label("trainer", this_node()))
             self._actor_class = remote_worker(self.cpus_per_worker, self.gpus_per_worker)
             for slot in self._slots:
                 self._launch(slot, None)
@@ -212,31 +211,14 @@ class RayRollouts(WeightPushes):
         return self
 
     def _ray_init_args(self) -> dict[str, Any]:
-        if self.ray_address:
-            return {"address": self.ray_address, **self.ray_init_kwargs}
-        args: dict[str, Any] = {
-            "address": "local",  # never join a stray cluster from RAY_ADDRESS / ray start
-            "num_cpus": os.cpu_count() or 1,
-            "include_dashboard": False,
-            "dashboard_host": "127.0.0.1",
-        }
-        args.update(self.ray_init_kwargs)
-        return args
-
-    def _runtime_env(self) -> dict[str, Any]:
-        """Per-actor runtime env: ``PYTHONPATH`` so the actor and vLLM's own worker processes
-        (which inherit the actor's environment) can import this package and the user's code."""
-        paths = [_SRC_DIR, *self.pythonpath]
-        paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        paths.append(os.getcwd())
-        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **self.env_vars}
-        return {"env_vars": env}
+        return ray_init_args(self.ray_address, self.ray_init_kwargs)
 
     def _launch(self, slot: Slot, weights: PushedWeights | None) -> None:
         """Start a new actor in ``slot``; its warm-up (weights load) runs asynchronously."""
-        slot.actor = self._actor_class.options(runtime_env=self._runtime_env()).remote(
-            slot.index, self.spec, slot.cores
-        )
+        placed = self._placement.options(slot.index) if self._placement else {}  # its bundle
+        slot.actor = self._actor_class.options(
+            runtime_env=worker_runtime_env(self.pythonpath, self.env_vars), **placed
+        ).remote(slot.index, self.spec, slot.cores)
         slot.incarnation += 1
         slot.in_flight = 0
         args = weights.warm_up_args() if weights is not None else (None, None)
@@ -264,6 +246,9 @@ class RayRollouts(WeightPushes):
                     f"{info['fingerprint']}, expected {expected} (version {self.version})"
                 )
             slot.info, slot.ready = info, None
+            self.spans.label_lane(
+                worker_lane(slot.index), node_label(worker_lane(slot.index), info)
+            )
         return slot.info["fingerprint"]
 
     def _restart(
@@ -360,7 +345,7 @@ class RayRollouts(WeightPushes):
         yielded: set[int] = set()
         try:
             while not cancel.is_set():
-                more = _take_jobs(more_jobs, pending, expected_indices, size)
+                more = take_jobs(more_jobs, pending, expected_indices, size)
                 if not (pending or in_flight or more):
                     break
                 self._dispatch(pending, in_flight, sampling, version)
@@ -374,7 +359,7 @@ class RayRollouts(WeightPushes):
                     raise RuntimeError("the Ray rollouts were shut down during generate")
                 if cancel.is_set():
                     return  # the finally drops what is in flight
-                for slot, waited in self._hung_slots(in_flight):
+                for slot, waited in hung_slots(self._slots, in_flight, self.call_timeout_s):
                     self._restart_hung(slot, waited, "call")  # its calls come back failed
                 if not ready:
                     continue
@@ -436,32 +421,6 @@ class RayRollouts(WeightPushes):
             ref = slot.actor.generate.remote(chunk, sampling, version)
             in_flight[ref] = Call(slot.index, slot.incarnation, chunk, time.monotonic())
             slot.in_flight += 1
-
-    def _hung_slots(self, in_flight: dict[Any, Call]) -> list[tuple[Slot, float]]:
-        """The workers whose oldest call has run past its timeout (``call_timeout_s`` per
-        group, from its dispatch or the worker's previous result, whichever is later) with
-        nothing of theirs ready; each with how long that call has been waited for."""
-        if self.call_timeout_s is None:
-            return []
-        import ray
-
-        now = time.monotonic()
-        calls: dict[int, list[tuple[Any, Call]]] = {}
-        for ref, call in in_flight.items():
-            slot = self._slots[call.slot]
-            if call.incarnation == slot.incarnation and slot.ready is None:
-                calls.setdefault(call.slot, []).append((ref, call))
-        hung = []
-        for index, mine in calls.items():
-            slot = self._slots[index]
-            oldest = min((call for _, call in mine), key=lambda call: call.sent)
-            waited = now - max(oldest.sent, slot.last_done)
-            if waited <= self.call_timeout_s * len(oldest.jobs):
-                continue
-            done, _ = ray.wait([ref for ref, _ in mine], timeout=0, fetch_local=False)
-            if not done:  # a result not yet taken is progress, not a hang
-                hung.append((slot, waited))
-        return hung
 
     def _restart_hung(
         self, slot: Slot, waited: float, what: str, weights: PushedWeights | None | Any = ...
@@ -526,6 +485,8 @@ class RayRollouts(WeightPushes):
             reap(leftovers, timeout_s / 2)
             remove_unused_shm({f for r in reports for f in r.get("shm_files", [])})
             self._pushed = None
+            if self._placement is not None:
+                self._placement.remove()
         finally:
             self._close_broadcast()  # the trainer's weight group and its store, if any
             if self._owns_ray:
@@ -554,20 +515,3 @@ class RayRollouts(WeightPushes):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _take_jobs(
-    source: JobSource | None, pending: deque[list[GroupJob]], indices: set[int], size: int
-) -> bool:
-    """Move the jobs added to ``source`` into ``pending`` (as calls of ``size``); whether more
-    may still come."""
-    if source is None:
-        return False
-    closed = source.closed  # read first: whatever was put before the close is taken below
-    jobs = source.next_jobs()
-    for job in jobs:
-        if job.index in indices:
-            raise ValueError(f"job index {job.index} is used twice in one generate call")
-        indices.add(job.index)
-    pending.extend(jobs[i : i + size] for i in range(0, len(jobs), size))
-    return not closed

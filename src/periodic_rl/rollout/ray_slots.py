@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,3 +58,32 @@ class PushedWeights:
         """The arguments of ``RolloutWorker.warm_up`` that replay these pushes."""
         adapter = [self.adapter] if self.adapter is not None else None
         return [self.base], self.version, self.keep, adapter
+
+
+def hung_slots(
+    slots: list[Slot], in_flight: dict[Any, Call], call_timeout_s: float | None
+) -> list[tuple[Slot, float]]:
+    """The workers whose oldest call has run past its timeout (``call_timeout_s`` per group,
+    from its dispatch or the worker's previous result, whichever is later) with nothing of
+    theirs ready; each with how long that call has been waited for."""
+    if call_timeout_s is None:
+        return []
+    import ray
+
+    now = time.monotonic()
+    calls: dict[int, list[tuple[Any, Call]]] = {}
+    for ref, call in in_flight.items():
+        slot = slots[call.slot]
+        if call.incarnation == slot.incarnation and slot.ready is None:
+            calls.setdefault(call.slot, []).append((ref, call))
+    hung = []
+    for index, mine in calls.items():
+        slot = slots[index]
+        oldest = min((call for _, call in mine), key=lambda call: call.sent)
+        waited = now - max(oldest.sent, slot.last_done)
+        if waited <= call_timeout_s * len(oldest.jobs):
+            continue
+        done, _ = ray.wait([ref for ref, _ in mine], timeout=0, fetch_local=False)
+        if not done:  # a result not yet taken is progress, not a hang
+            hung.append((slot, waited))
+    return hung

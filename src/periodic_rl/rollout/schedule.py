@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections import deque
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from periodic_rl.rollout.backend import JobSource
+    from periodic_rl.rollout.types import GroupJob
 
 T = TypeVar("T")
 
@@ -34,3 +39,20 @@ def plan_calls(
     tail = rest[max(0, len(rest) - ramp) :]
     middle = rest[: len(rest) - len(tail)]
     return chunks(head, ramp_groups) + chunks(middle, groups_per_call) + chunks(tail, ramp_groups)
+
+
+def take_jobs(
+    source: JobSource | None, pending: deque[list[GroupJob]], indices: set[int], size: int
+) -> bool:
+    """Move the jobs added to ``source`` into ``pending`` (as calls of ``size``); whether more
+    may still come."""
+    if source is None:
+        return False
+    closed = source.closed  # read first: whatever was put before the close is taken below
+    jobs = source.next_jobs()
+    for job in jobs:
+        if job.index in indices:
+            raise ValueError(f"job index {job.index} is used twice in one generate call")
+        indices.add(job.index)
+    pending.extend(jobs[i : i + size] for i in range(0, len(jobs), size))
+    return not closed

@@ -99,7 +99,19 @@ class SpanRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spans: list[Span] = []
+        self._labels: dict[str, str] = {}
         self.iteration: int | None = None
+
+    def label_lane(self, lane: str, label: str) -> None:
+        """Show ``lane`` as ``label`` in charts and traces (e.g. the node a worker runs on); the
+        spans keep the lane's name, which :meth:`summary` reads."""
+        with self._lock:
+            self._labels[lane] = label
+
+    def lane_labels(self) -> dict[str, str]:
+        """The label of each labelled lane (:meth:`label_lane`)."""
+        with self._lock:
+            return dict(self._labels)
 
     def new_iteration(self, iteration: int) -> None:
         """Tag the spans recorded from now on with ``iteration``."""
@@ -169,12 +181,19 @@ class SpanRecorder:
         spans = self.spans(iteration)
         origin = min((s.start for s in spans), default=0.0)
         lanes = ordered_lanes(s.lane for s in spans)
+        labels = self.lane_labels()
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "periodic_rl"}}
         ]
         for tid, lane in enumerate(lanes, start=1):
             events.append(
-                {"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": lane}}
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": 1,
+                    "tid": tid,
+                    "args": {"name": labels.get(lane, lane)},
+                }
             )
             events.append(
                 {

@@ -86,12 +86,18 @@ class RolloutWorker:
         self.last_load_s = 0.0
 
     def info(self) -> dict[str, Any]:
-        """Process id, child processes, cores, weights held and start-up time."""
+        """Process id, child processes, cores, weights held, start-up time, and the Ray node
+        it runs on (id and IP address: where the placement put it; ``None`` outside Ray)."""
+        import ray
+
+        in_ray = ray.is_initialized()
         return {
             "worker": self.worker_id,
             "pid": os.getpid(),
             "pid_start": _start_time(os.getpid()),
             "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id() if in_ray else None,
+            "node_ip": ray.util.get_node_ip_address() if in_ray else None,
             "descendants": descendants(os.getpid()),
             "cores": self.cores,
             "affinity": sorted(os.sched_getaffinity(0)),
