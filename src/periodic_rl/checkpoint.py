@@ -63,6 +63,14 @@ def _disk_full(target: Path) -> str:
     )
 
 
+def _drop_cached(fd: int) -> None:
+    """Drop the written (and fsynced, so clean) file's pages from the page cache: a checkpoint
+    is not read back soon, and the next one then reuses those pages instead of claiming as
+    much fresh memory again (several GB per save with a full optimizer state)."""
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no posix_fadvise
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes ``path`` through a temporary file in the same directory, then renames it.
 
@@ -87,6 +95,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, writer)
                 handle.flush()
                 os.fsync(handle.fileno())
+                _drop_cached(handle.fileno())
             os.replace(temporary, target)
         except Exception as error:
             full = [
