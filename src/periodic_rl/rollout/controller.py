@@ -184,6 +184,24 @@ class RolloutController:
             self.backend = None
         self.pusher.forget_base()
 
+    def set_worker_cores(self, worker_cores: list[list[int]]) -> None:
+        """Restart the workers pinned to ``worker_cores`` (between iterations, on rank 0, with
+        nothing generating), each straight onto the weights the workers hold now (fingerprint
+        checked): the run goes on as if nothing happened, only faster or slower."""
+        if self.options.max_staleness > 0:
+            raise RuntimeError("the workers generate ahead (max_staleness): cannot move them")
+        if len(worker_cores) != self.options.num_workers:
+            raise ValueError(
+                f"worker_cores has {len(worker_cores)} entries for "
+                f"num_workers={self.options.num_workers}"
+            )
+        repin = getattr(self.backend, "repin", None)
+        if self.backend is not None and repin is None:
+            raise RuntimeError(f"{type(self.backend).__name__} cannot move its workers")
+        self.options.worker_cores = [list(cores) for cores in worker_cores]
+        if repin is not None:
+            repin(self.options.worker_cores)
+
     # ---- weights ------------------------------------------------------------------------------
     def push(
         self,

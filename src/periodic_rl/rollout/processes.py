@@ -24,6 +24,7 @@ __all__ = [
     "pin_process",
     "reap",
     "remove_unused_shm",
+    "repin_threads",
     "shm_files",
     "visible_gpus",
 ]
@@ -64,6 +65,31 @@ def pin_process(cores: list[int], uses_vllm: bool) -> None:
     import torch
 
     torch.set_num_threads(len(cores))
+
+
+def repin_threads(cores: list[int], moved_from: set[int]) -> int:
+    """Move this running process onto ``cores``: every thread pinned to ``moved_from`` (the
+    process's cores until now; threads that chose other cores, such as a background writer
+    allowed on every core, keep them), and torch's thread pool sized to match (its threads
+    started from now on inherit the caller's cores). Returns how many threads moved.
+
+    ``os.sched_setaffinity(0, ...)`` alone would move the calling thread only.
+    """
+    if not cores:
+        raise ValueError("cannot pin to no cores")
+    moved = 0
+    for entry in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(entry)) == moved_from:
+                os.sched_setaffinity(int(entry), set(cores))
+                moved += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    os.sched_setaffinity(0, set(cores))
+    import torch
+
+    torch.set_num_threads(len(cores))
+    return moved
 
 
 # ---- the processes a worker owns (for cleanup after it is killed) --------------------------

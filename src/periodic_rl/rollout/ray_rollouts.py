@@ -445,6 +445,23 @@ class RayRollouts(WeightPushes):
                 tokens=tokens,
             )  # fmt: skip
 
+    def repin(self, worker_cores: list[list[int]]) -> None:
+        """Move the workers to ``worker_cores`` (one list per worker), between generations:
+        each worker whose cores change is replaced by a new actor pinned to its new cores
+        (a worker pins itself before its engine starts any thread), brought to the pushed
+        weights as a restarted worker is; returns once every worker holds them again
+        (fingerprint checked). Not counted as a restart."""
+        self._require_started()
+        if len(worker_cores) != self.num_workers:
+            raise ValueError(f"worker_cores has {len(worker_cores)} entries for {self.num_workers}")
+        moved = [s for s in self._slots if s.cores != list(worker_cores[s.index])]
+        for slot in moved:
+            self._kill(slot)
+            slot.cores = list(worker_cores[slot.index])
+            self._launch(slot, self._pushed)
+        for slot in moved:
+            self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
+
     # ---- introspection ----------------------------------------------------------------------
     def worker_pids(self) -> list[int]:
         """Process id of each worker (waits for restarting workers to be ready)."""

@@ -11,10 +11,11 @@ goes through). ``RLModule`` reaches the rollout side only through the methods of
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -23,11 +24,16 @@ from periodic_rl.rollout.controller import PromptShare, RolloutController, Rollo
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.engine_checks import check_rollout_options
+from periodic_rl.rollout.hardware_split import Candidate
 from periodic_rl.rollout.pipeline import RolloutRequest
+from periodic_rl.rollout.processes import repin_threads
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
+from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, log_only_advisor
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+
+log = logging.getLogger(__name__)
 
 ROLLOUT_ARGS_DOC = """
         engine: ``vllm``, ``hf``, or ``package.module:Class`` of your own ``InferenceEngine``.
@@ -50,9 +56,15 @@ ROLLOUT_ARGS_DOC = """
         push_transport: ``object_store`` (weights through host memory and Ray's object
             store), ``broadcast`` (a collective from rank 0 into the workers: NCCL between
             GPUs, no host round trip), or ``auto`` (default: ``broadcast`` on GPUs).
-        worker_cores: CPU cores to pin each worker to (one list per worker).
+        worker_cores: CPU cores to pin each worker to (one list per worker), or ``auto``:
+            start overlapped with the trainer on the first core and the workers on the rest,
+            measure, try turn-taking on all cores, then keep the faster split (CPU, one
+            training process, local Ray, ``max_staleness: 0``; docs/scaling.md).
         trainer_cores: CPU cores to pin each training process to (with ``worker_cores``, the
-            two sides do not fight over cores).
+            two sides do not fight over cores; chosen by ``worker_cores: auto``).
+        split_after: iterations measured (after one of warm-up) before the run logs its
+            generation and training rates and the split that would balance them
+            (``split/*`` metrics); with ``worker_cores: auto``, per measured split.
         groups_per_call: prompt groups handed to a worker per call (batching vs streaming).
             Overlapped, each worker's first call and the iteration's last calls carry one
             micro-batch's groups, so training starts and ends sooner (docs/overlap.md).
@@ -89,7 +101,7 @@ class RolloutsMixin:
         ray_address: str | None = None,
         cpus_per_worker: float = 1.0,
         gpus_per_worker: float | None = None,
-        worker_cores: list[list[int]] | None = None,
+        worker_cores: list[list[int]] | Literal["auto"] | None = None,
         trainer_cores: list[int] | None = None,
         groups_per_call: int = 2,
         adapter_pushes: bool = True,
@@ -99,8 +111,23 @@ class RolloutsMixin:
         placement_strategy: str = "PACK",
         push_transport: str = "auto",
         async_checkpoints: bool = True,
+        split_after: int = 3,
         **kwargs: Any,
     ) -> None:
+        start: Candidate | None = None
+        if worker_cores == "auto":  # refuses what it cannot apply; picks the starting split
+            start = auto_start(
+                num_workers, overlap, use_ray, ray_address, gpus_per_worker, max_staleness,
+                trainer_cores,
+            )  # fmt: skip
+            worker_cores = [list(cores) for cores in start.worker_cores]
+            trainer_cores = list(start.trainer_cores)
+        elif isinstance(worker_cores, str):
+            raise ValueError(
+                f"worker_cores must be lists of cores, 'auto' or null: {worker_cores!r}"
+            )
+        if split_after < 1:
+            raise ValueError(f"split_after must be >= 1 iteration, got {split_after}")
         options = RolloutOptions(  # checks the arguments before Lightning sees any
             engine=engine,
             engine_kwargs=dict(engine_kwargs or {}),
@@ -126,15 +153,64 @@ class RolloutsMixin:
         super().__init__(**kwargs)
         self.rollouts = RolloutController(options, SpanRecorder())
         self.trainer_cores = trainer_cores
+        self.split_start, self.split_after = start, split_after
+        self.split_advisor: SplitAdvisor | None = None  # rank 0, from setup
+        self._machine_cores = sorted(os.sched_getaffinity(0))  # before any pinning
 
     # ---- lifecycle (Lightning calls these) -----------------------------------------------------
     def setup(self, trainer: Any) -> None:
+        if self.split_start is not None:
+            self._check_auto_device()
         if self.trainer_cores:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
         super().setup(trainer)  # type: ignore[misc]
         self.rollouts.start(self.lightning_module.model_path, rank_link, self.rollout_settings)
         self.rollouts.push(self.lightning_module, self.gathered_weights)
+        self.split_advisor = self._split_advisor()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Between iterations: once a window of iterations is measured, log the rates and the
+        split that would balance them (and, with ``worker_cores: auto``, apply it)."""
+        super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
+        step = self.split_advisor.step(self.spans) if self.split_advisor else None
+        if step is None:
+            return
+        for name, value in step.metrics().items():
+            self.lightning_module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        log.info("hardware split: %s%s", step.reason, "; applying it" if step.apply else "")
+        if step.apply is not None:
+            before = set(os.sched_getaffinity(0))
+            repin_threads(list(step.apply.trainer_cores), before)
+            self.trainer_cores = list(step.apply.trainer_cores)
+            self.rollouts.options.overlap = step.apply.overlap  # read at each iteration's start
+            self.rollouts.set_worker_cores([list(cores) for cores in step.apply.worker_cores])
+
+    def _check_auto_device(self) -> None:
+        """``worker_cores: auto`` moves cores of one training process on this machine."""
+        if self.root_device.type != "cpu":  # type: ignore[attr-defined]
+            raise ValueError(
+                "worker_cores='auto' splits CPU cores; training on GPUs, give the workers GPUs "
+                "(gpus_per_worker) and read the logged split/* advice instead"
+            )
+        if (getattr(self, "num_processes", 1) or 1) > 1:
+            raise ValueError("worker_cores='auto' needs one training process (no DDP/FSDP)")
+
+    def _split_advisor(self) -> SplitAdvisor | None:
+        """Rank 0's advisor (the workers' spans are recorded there); ``None`` without Ray."""
+        options = self.rollouts.options
+        if self.rollouts.link.rank != 0 or not options.use_ray:
+            return None
+        if self.split_start is not None:
+            cores = self._machine_cores
+            return SplitAdvisor(
+                self.split_start, cores, options.num_workers, self.split_after, True
+            )
+        devices = getattr(self, "parallel_devices", None) or [self.root_device]  # type: ignore[attr-defined]
+        return log_only_advisor(
+            options, self.trainer_cores, self._machine_cores, self.rollout_settings,
+            len(devices), self.split_after,
+        )  # fmt: skip
 
     def teardown(self) -> None:
         self.rollouts.shutdown()

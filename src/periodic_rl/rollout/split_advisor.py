@@ -1,0 +1,230 @@
+"""`SplitAdvisor`: when a run has measured its two sides, which hardware split to log or apply.
+
+The strategy asks :meth:`SplitAdvisor.step` at the start of every iteration (rank 0, nothing
+generating). Each *window* is ``window`` iterations measured after one of warm-up (the first
+iteration of a run, and the first after a switch, start engines and fill caches). After a
+window the advisor returns a :class:`SplitStep`: the measured rates, the plan of
+:func:`~periodic_rl.rollout.hardware_split.choose_split` (or, on GPUs, the advice of
+:func:`~periodic_rl.rollout.hardware_split.recommend_gpus`) and, with ``auto``, the split to
+switch to before the next iteration:
+
+1. the first window runs on the starting split; ``auto`` then tries the other mode (overlap on
+   disjoint cores, or turn-taking on all cores), since how each side scales with cores is only
+   known once it ran on two core counts;
+2. the second window fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`)
+   and the final plan is applied if it differs from the split running.
+
+Switching changes no number of the run: overlapped and synchronous iterations compute the same
+update, and the restarted workers load the weights they held.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from periodic_rl.rollout.hardware_split import (
+    Candidate,
+    GpuAdvice,
+    MeasuredRates,
+    SideTime,
+    SplitModel,
+    SplitPlan,
+    choose_split,
+    fit_model,
+    rates_from_summaries,
+    recommend_gpus,
+)
+from periodic_rl.rollout.timing import SpanRecorder
+
+
+def starting_split(cores: Sequence[int], num_workers: int, overlap: bool) -> Candidate:
+    """Where ``worker_cores: auto`` starts: overlapped, the trainer on the first core and the
+    workers on the rest; or, with overlap off, both sides on every core."""
+    if len(cores) < num_workers + 1:
+        raise ValueError(
+            f"worker_cores='auto' needs at least num_workers + 1 = {num_workers + 1} cores to "
+            f"choose from, this process may use {len(cores)}"
+        )
+    nothing = MeasuredRates(SideTime(0.0, 1), SideTime(0.0, 1))
+    plan = choose_split(nothing, cores, num_workers)  # every candidate, in a fixed order
+    return next(c for c in plan.candidates if c.overlap == overlap)
+
+
+def auto_start(
+    num_workers: int,
+    overlap: bool,
+    use_ray: bool,
+    ray_address: str | None,
+    gpus_per_worker: float | None,
+    max_staleness: int,
+    trainer_cores: list[int] | None,
+) -> Candidate:
+    """The starting split of ``worker_cores: auto`` on this process's cores, or a ValueError
+    naming why the split cannot be applied with these options."""
+    why = None
+    if not use_ray:
+        why = "needs rollout workers in Ray actors (use_ray: true)"
+    elif ray_address is not None:
+        why = "splits this machine's cores; a cluster's workers run elsewhere (ray_address)"
+    elif gpus_per_worker:
+        why = "splits CPU cores; with GPU workers read the logged split/* advice instead"
+    elif max_staleness > 0:
+        why = "moves the workers between iterations; max_staleness > 0 generates ahead"
+    elif trainer_cores is not None:
+        why = "chooses trainer_cores itself: leave trainer_cores unset"
+    if why is not None:
+        raise ValueError(f"worker_cores='auto' {why}")
+    return starting_split(sorted(os.sched_getaffinity(0)), num_workers, overlap)
+
+
+def log_only_advisor(
+    options: Any,
+    trainer_cores: list[int] | None,
+    machine_cores: list[int],
+    settings: Any,
+    trainer_devices: int,
+    window: int,
+) -> SplitAdvisor | None:
+    """The advisor of a run whose split is fixed: it measures the split running (unpinned
+    sides count as running on every core) and logs the advice once. On GPUs the advice is
+    about GPUs, when each worker has whole ones (none for workers sharing a GPU)."""
+    if settings.on_gpu:
+        per_worker = settings.gpus_per_worker
+        if per_worker < 1 or per_worker != int(per_worker):
+            return None
+        current = Candidate(options.overlap, (), (), 0.0)
+        gpus = (trainer_devices, int(per_worker))
+        return SplitAdvisor(current, None, options.num_workers, window, gpus=gpus)
+    workers = options.worker_cores or [machine_cores]
+    current = Candidate(
+        options.overlap,
+        tuple(trainer_cores or machine_cores),
+        tuple(tuple(cores) for cores in workers),
+        0.0,
+    )
+    return SplitAdvisor(current, machine_cores, options.num_workers, window)
+
+
+@dataclass(frozen=True)
+class SplitStep:
+    """What one measured window says: its rates, the plan (CPU) or GPU advice, and the split
+    to apply before the next iteration (``None``: keep the current one)."""
+
+    rates: MeasuredRates
+    plan: SplitPlan | None
+    gpus: GpuAdvice | None
+    apply: Candidate | None
+    final: bool
+
+    @property
+    def reason(self) -> str:
+        advice = self.plan.reason if self.plan is not None else None
+        return advice or (self.gpus.reason if self.gpus is not None else "no advice")
+
+    def metrics(self, prefix: str = "split/") -> dict[str, float]:
+        """Numbers for a logger: the measured rates and the recommended split."""
+        g, t = self.rates.generation, self.rates.training
+        out = {
+            f"{prefix}generation_s": g.busy_s,
+            f"{prefix}generation_units": float(g.units),
+            f"{prefix}training_s": t.busy_s,
+            f"{prefix}training_units": float(t.units),
+        }
+        if self.plan is not None:
+            chosen = self.plan.chosen
+            out |= {
+                f"{prefix}overlap": float(chosen.overlap),
+                f"{prefix}trainer_cores": float(len(chosen.trainer_cores)),
+                f"{prefix}worker_cores": float(sum(len(c) for c in chosen.worker_cores)),
+                f"{prefix}predicted_s": chosen.predicted_s,
+                f"{prefix}applied": float(self.apply is not None),
+            }
+        if self.gpus is not None:
+            out |= {
+                f"{prefix}trainer_gpus": float(self.gpus.trainer_gpus),
+                f"{prefix}worker_gpus": float(self.gpus.worker_gpus),
+                f"{prefix}predicted_s": self.gpus.predicted_s,
+            }
+        return out
+
+
+class SplitAdvisor:
+    """Measures windows of iterations from the strategy's spans and advises (module docstring).
+
+    Args:
+        current: the split running now (its core counts are the units the rates are measured
+            on; with ``auto`` it is also the split applied so far).
+        cores: the cores to split (CPU), or ``None`` on GPUs.
+        num_workers: rollout workers.
+        window: iterations measured per window (after one of warm-up).
+        auto: apply the plan (CPU only); else one window is measured and logged.
+        gpus: on GPUs, ``(trainer GPUs, GPUs per worker)`` (whole GPUs): the advice is about
+            GPUs (``cores`` is then ``None``; with neither, only the rates are reported).
+        model: the model's starting knobs (efficiencies assumed until measured).
+    """
+
+    def __init__(
+        self,
+        current: Candidate,
+        cores: Sequence[int] | None,
+        num_workers: int,
+        window: int = 3,
+        auto: bool = False,
+        gpus: tuple[int, int] | None = None,
+        model: SplitModel | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"the measured window must be >= 1 iteration, got {window}")
+        if auto and cores is None:
+            raise ValueError("the split is applied on CPU cores only")
+        self.current, self.cores, self.num_workers = current, cores, num_workers
+        self.window, self.auto, self.gpus = window, auto, gpus
+        self.model = model or SplitModel()
+        self.windows: list[MeasuredRates] = []
+        self.steps: list[SplitStep] = []
+        self.done = False
+        self._phase_start = 0  # position (in the recorder's iterations) of the warm-up
+
+    def step(self, recorder: SpanRecorder) -> SplitStep | None:
+        """At an iteration's start: a :class:`SplitStep` when a window has just completed."""
+        if self.done:
+            return None
+        finished = recorder.iterations()
+        measured = finished[self._phase_start + 1 :]
+        if len(measured) < self.window:
+            return None
+        summaries = [recorder.summary(i) for i in measured[: self.window]]
+        gen_units = sum(len(c) for c in self.current.worker_cores)
+        if self.gpus is not None:
+            gen_units = self.num_workers * self.gpus[1]
+        train_units = self.gpus[0] if self.gpus else len(self.current.trainer_cores)
+        rates = rates_from_summaries(summaries, gen_units, train_units, self.current.overlap)
+        self.windows.append(rates)
+        step = self._advise(rates, len(finished))
+        self.steps.append(step)
+        return step
+
+    def _advise(self, rates: MeasuredRates, position: int) -> SplitStep:
+        if self.cores is None:
+            self.done = True
+            gpus = None
+            if self.gpus is not None:
+                gpus = recommend_gpus(rates, gpus_per_worker=self.gpus[1], model=self.model)
+            return SplitStep(rates, None, gpus, None, True)
+        model = fit_model(self.windows, self.model)
+        plan = choose_split(rates, self.cores, self.num_workers, model, self.current)
+        if not self.auto:
+            self.done = True
+            return SplitStep(rates, plan, None, None, True)
+        if len(self.windows) == 1:  # measure the other mode before choosing
+            target = next(c for c in plan.candidates if c.overlap != self.current.overlap)
+        else:
+            self.done = True
+            target = plan.chosen
+        apply = None if target.same_split(self.current) else target
+        if apply is not None:
+            self.current, self._phase_start = apply, position
+        return SplitStep(rates, plan, None, apply, self.done)

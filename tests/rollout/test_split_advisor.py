@@ -1,0 +1,64 @@
+"""The split advisor's windows: warm-up skipped, one window logged, or with ``auto`` the other
+mode tried and the fitted choice applied; on spans written by hand (no Ray)."""
+
+import pytest
+
+from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, starting_split
+from periodic_rl.rollout.timing import SpanRecorder, worker_lane
+
+
+def record(recorder: SpanRecorder, iteration: int, generate: float, train: float, overlap: bool):
+    """One iteration: the worker generates ``generate`` s, the trainer trains ``train`` s
+    (alongside, or after it), then a 0.5 s push."""
+    start = 100.0 * iteration
+    recorder.new_iteration(iteration)
+    recorder.add("generate", worker_lane(0), start, start + generate)
+    begin = start if overlap else start + generate
+    recorder.add("train micro-batch", "trainer", begin, begin + train)
+    end = max(start + generate, begin + train)
+    recorder.add("weight push", "trainer", end, end + 0.5)
+
+
+def test_a_fixed_split_is_measured_once_after_the_warm_up():
+    recorder = SpanRecorder()
+    advisor = SplitAdvisor(starting_split((0, 1), 1, True), (0, 1), 1, window=2)
+    record(recorder, 0, 50.0, 50.0, True)  # warm-up: never measured
+    assert advisor.step(recorder) is None
+    record(recorder, 1, 4.0, 2.0, True)
+    assert advisor.step(recorder) is None
+    record(recorder, 2, 6.0, 2.0, True)
+    step = advisor.step(recorder)
+    assert (step.rates.generation.busy_s, step.rates.training.busy_s) == (5.0, 2.0)
+    assert (step.rates.serial_s, step.rates.wall_s) == (0.5, 5.5)
+    assert step.final and step.apply is None and step.plan is not None
+    assert step.metrics()["split/generation_s"] == 5.0
+    record(recorder, 3, 4.0, 2.0, True)
+    assert advisor.step(recorder) is None  # once
+
+
+def test_auto_tries_the_other_mode_then_applies_the_fitted_choice():
+    """Generation gains nothing from a second core, training little: overlap measured 4.5 s
+    against turn-taking 6.5 s, so after trying turns the advisor goes back to overlap."""
+    recorder = SpanRecorder()
+    start = starting_split((0, 1), 1, True)
+    advisor = SplitAdvisor(start, (0, 1), 1, window=1, auto=True)
+    record(recorder, 0, 9.0, 9.0, True)
+    record(recorder, 1, 4.0, 2.0, True)
+    first = advisor.step(recorder)
+    assert first.apply.overlap is False and first.apply.trainer_cores == (0, 1)
+    assert not first.final
+    record(recorder, 2, 9.0, 9.0, False)  # warm-up after the switch: not measured
+    assert advisor.step(recorder) is None
+    record(recorder, 3, 4.0, 2.0, False)  # 4 + 2 + 0.5 = 6.5 s
+    final = advisor.step(recorder)
+    assert final.final and final.apply.same_split(start)
+    assert final.apply.predicted_s == 4.5 and final.plan.candidates[0].predicted_s == 6.5
+    assert [s.rates.overlap for s in advisor.steps] == [True, False]
+    assert advisor.step(recorder) is None
+
+
+def test_auto_needs_a_core_for_each_side():
+    with pytest.raises(ValueError, match="at least num_workers \\+ 1 = 3 cores"):
+        starting_split((0, 1), 2, True)
+    with pytest.raises(ValueError, match="use_ray: true"):
+        auto_start(1, False, False, None, None, 0, None)

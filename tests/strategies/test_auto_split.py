@@ -1,0 +1,131 @@
+"""The measured hardware split in a run: logged after a window, applied with
+``worker_cores: auto`` (trainer re-pinned, overlap switched, workers restarted on new cores)
+without changing any number of the run.
+
+Real Ray actors with the transformers engine on a tiny model; each run pins this test process
+(the trainer), so its cores and torch threads are restored after every test.
+"""
+
+import logging
+import os
+
+import pytest
+import ray
+import torch
+from rl_helpers import assert_same_update, train
+
+from periodic_rl import PeriodicAsyncStrategy
+from periodic_rl.cli import main
+from periodic_rl.rollout import split_advisor
+from periodic_rl.rollout.controller import RolloutController
+from periodic_rl.rollout.hardware_split import SplitModel
+
+CORES = sorted(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="splits two cores")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def restore_trainer_cores():
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+
+
+def _strategy(**kwargs) -> dict:
+    return {"engine": "hf", "num_workers": 1, "groups_per_call": 1, "split_after": 1, **kwargs}
+
+
+@needs_two_cores
+def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
+    tiny_llama_path, local_ray, monkeypatch, caplog
+):
+    """Overlapped on 1 + 1 cores (iterations 0-1), turn-taking on both cores (2-3), then back to
+    overlap (4, the fit forced to favour it): the same update as a run pinned throughout, and
+    each side really moved."""
+    monkeypatch.setattr(
+        split_advisor, "fit_model", lambda windows, base: SplitModel(0.0, 0.0, min_gain=0.0)
+    )
+    moves = []
+    original = RolloutController.set_worker_cores
+
+    def recording(self, worker_cores):
+        original(self, worker_cores)
+        affinity = [info["affinity"] for info in self.backend.worker_info()]
+        moves.append((self.options.overlap, sorted(os.sched_getaffinity(0)), affinity))
+
+    monkeypatch.setattr(RolloutController, "set_worker_cores", recording)
+    first, rest = CORES[0], CORES[1:]
+    fixed = train(
+        tiny_llama_path,
+        steps=5,
+        strategy=_strategy(overlap=True, worker_cores=[rest], trainer_cores=[first]),
+    )
+    assert not moves  # a fixed split is only logged
+    (logged,) = fixed[2].split_advisor.steps
+    assert logged.apply is None and logged.plan is not None
+    os.sched_setaffinity(0, CORES)  # the fixed run pinned this process to its trainer core
+    with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
+        auto = train(tiny_llama_path, steps=5, strategy=_strategy(worker_cores="auto"))
+    assert_same_update(fixed, auto, "auto split against a fixed one")
+    assert moves == [
+        (False, CORES, [CORES]),  # turn-taking: both sides on every core
+        (True, [first], [rest]),  # back to overlap on disjoint cores
+    ]
+    steps = auto[2].split_advisor.steps
+    assert [s.final for s in steps] == [False, True]
+    assert [s.rates.overlap for s in steps] == [True, False]
+    assert [s.rates.training.units for s in steps] == [1, len(CORES)]
+    metrics = auto[1].trainer.callback_metrics
+    assert metrics["split/applied"] == 1.0 and metrics["split/overlap"] == 1.0
+    assert metrics["split/generation_s"] > 0 and metrics["split/training_s"] > 0
+    lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
+    assert len(lines) == 2 and all("applying it" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ray_address": "ray://elsewhere:10001"}, "a cluster's workers run elsewhere"),
+        ({"use_ray": False, "overlap": False}, "use_ray: true"),
+        ({"gpus_per_worker": 1}, "splits CPU cores"),
+        ({"max_staleness": 1}, "max_staleness > 0"),
+        ({"trainer_cores": [0]}, "leave trainer_cores unset"),
+        ({"split_after": 0}, "split_after must be >= 1"),
+    ],
+)
+def test_auto_split_refuses_what_it_cannot_apply(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PeriodicAsyncStrategy(engine="hf", worker_cores="auto", **kwargs)
+
+
+def test_worker_cores_must_be_lists_or_auto():
+    with pytest.raises(ValueError, match="lists of cores, 'auto' or null"):
+        PeriodicAsyncStrategy(engine="hf", worker_cores="all")
+
+
+@needs_two_cores
+def test_auto_split_refuses_gpu_training():
+    strategy = PeriodicAsyncStrategy(engine="hf", worker_cores="auto", device="cuda:0")
+    with pytest.raises(ValueError, match="splits CPU cores; training on GPUs"):
+        strategy._check_auto_device()
+
+
+def test_worker_cores_auto_from_yaml(tmp_path, capsys):
+    config = tmp_path / "auto.yaml"
+    config.write_text(
+        "trainer:\n  strategy:\n    class_path: periodic_rl.PeriodicAsyncStrategy\n"
+        "    init_args:\n      engine: hf\n      worker_cores: auto\n      split_after: 2\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "worker_cores: auto" in printed and "split_after: 2" in printed
