@@ -577,6 +577,26 @@ MUTATIONS: list[Mutation] = [
         new="        try:\n            pass\n        except Exception as error:",
         tests=("tests/test_checkpoint_async.py::test_teardown_waits_for_the_write",),
     ),
+    Mutation(
+        name="the hardware split always overlaps",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old=(
+            "    best = min(candidates, key=lambda c: c.predicted_s)"
+            "  # min keeps the first of equals\n"
+        ),
+        new="    best = min(candidates, key=lambda c: (not c.overlap, c.predicted_s))\n",
+        tests=("tests/rollout/test_hardware_split.py::test_rates_give_the_expected_plan",),
+    ),
+    Mutation(
+        name="worker_cores auto restarts the workers on their old cores",
+        file="src/periodic_rl/rollout/ray_rollouts.py",
+        old="            slot.cores = list(worker_cores[slot.index])\n",
+        new="",
+        tests=(
+            "tests/strategies/test_auto_split.py::"
+            "test_auto_split_switches_twice_and_trains_as_a_fixed_split",
+        ),
+    ),
 ]
 
 
