@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from callback_runs import STEPS
 from matplotlib.image import imread
+
+from periodic_rl.callbacks.report import pipeline_shares
 
 
 def test_report_sees_the_final_evaluation(full_run):
@@ -17,6 +20,7 @@ def test_report_sees_the_final_evaluation(full_run):
     assert "| accuracy |" in text and "| correctness_reward |" not in text  # length reward run
     assert f"- iterations: {STEPS}" in text
     assert "rollouts/s" in text and "overlap ratio" in text
+    assert "shares of all iterations' time: worker idle" in text
 
 
 def test_report_names_checkpoint_and_exported_model(full_run):
@@ -32,3 +36,20 @@ def test_reward_curve_png(full_run):
     assert len(report.pipeline) == STEPS
     image = imread(report.curve_path)
     assert image.shape[0] >= 300 and image.shape[1] >= 500
+
+
+def test_pipeline_shares_weight_each_iteration_by_its_wall_time():
+    def summary(wall, busy, training, push, workers=2.0):
+        return {
+            "wall_time": wall,
+            "worker_busy_time": busy,
+            "training_time": training,
+            "push_time": push,
+            "num_workers": workers,
+        }
+
+    shares = pipeline_shares([summary(10.0, 15.0, 6.0, 1.0), summary(30.0, 45.0, 24.0, 2.0)])
+    assert shares["worker_idle"] == pytest.approx(1 - 60 / 80)
+    assert shares["trainer_idle"] == pytest.approx(1 - 30 / 40)
+    assert shares["push"] == pytest.approx(3 / 40)
+    assert pipeline_shares([]) == {"worker_idle": 0.0, "trainer_idle": 0.0, "push": 0.0}
