@@ -588,6 +588,13 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/rollout/test_hardware_split.py::test_rates_give_the_expected_plan",),
     ),
     Mutation(
+        name="a push hashed after the put takes a worker's report as the expected fingerprint",
+        file="src/periodic_rl/rollout/ray_pushes.py",
+        old="            expected = weights_fingerprint(state_dict)\n",
+        new="            expected = ray.get(calls[0][2])  # what the first worker reports\n",
+        tests=("tests/rollout/test_ray_rollouts.py::test_fingerprint_mismatch_raises",),
+    ),
+    Mutation(
         name="worker_cores auto restarts the workers on their old cores",
         file="src/periodic_rl/rollout/ray_rollouts.py",
         old="            slot.cores = list(worker_cores[slot.index])\n",

@@ -64,6 +64,9 @@ def test_vllm_reload_that_loses_or_changes_a_tensor_reports_other_weights(
 
     try:
         assert vllm_tiny.load_weights(state) == expected == vllm_tiny.fingerprint()
+        timings = vllm_tiny.last_load_timings  # what the worker reports of the load's phases
+        assert set(timings) == {"reload_s", "verify_s", "reset_prefix_s"}
+        assert all(seconds >= 0 for seconds in timings.values())
         # q_proj lost between the engine and vLLM's loader: vLLM still reports the fused
         # qkv_proj loaded (and would keep q's part uninitialised), so only the hash can tell.
         monkeypatch.setattr(

@@ -145,7 +145,12 @@ def test_weight_push_is_verified_and_changes_results(rollouts2, reference, tiny_
     assert by_index(groups) == reference_groups(reference, jobs) != before
     with pytest.raises(ValueError, match="version"):
         rollouts2.generate(jobs, SAMPLING, version=0)
-    assert rollouts2.timings["last_push_s"] > 0
+    timings = rollouts2.timings
+    assert timings["last_push_s"] > 0
+    # The trainer hashes what it sent after the put, while the workers load.
+    assert timings["last_push_put_s"] <= timings["last_push_hash_done_s"] <= timings["last_push_s"]
+    loads = rollouts2.worker_load_timings()
+    assert len(loads) == 2 and all(0 < load["load_s"] <= timings["last_push_s"] for load in loads)
     assert any(s.name == "weight push" for s in rollouts2.spans.spans())
     # Back to the original weights (as a new version) for the other tests.
     rollouts2.push_weights(original, version=2)

@@ -89,6 +89,25 @@ def test_worker_loads_weights_and_refuses_other_versions(worker, tiny_llama_path
     ]
 
 
+def test_worker_reports_the_phases_of_its_last_load(tiny_llama_path):
+    """``load_timings``: empty before a load, then the fetch, the engine's load and the page
+    faults of the last one (what ``benchmarks/push.py`` breaks a push down with)."""
+    from periodic_rl.models import load_causal_lm
+
+    fresh = RolloutWorker(0, EngineSpec("hf", tiny_llama_path))
+    try:
+        assert fresh.load_timings() == {}
+        state = load_causal_lm(tiny_llama_path, dtype=torch.float32).state_dict()
+        fresh.load_weights(to_payload(state), version=1)
+        timings = fresh.load_timings()
+        assert set(timings) >= {"load_s", "fetch_s", "install_s", "minor_faults"}
+        assert 0 <= timings["fetch_s"] + timings["install_s"] <= timings["load_s"] + 1e-6
+        assert timings["load_s"] == fresh.info()["last_load_s"]
+        assert isinstance(timings["minor_faults"], int) and timings["minor_faults"] >= 0
+    finally:
+        fresh.shutdown()
+
+
 def test_worker_adapter_push_merges_into_the_kept_base(worker, tiny_llama_path):
     from lora_helpers import peft_policy
 

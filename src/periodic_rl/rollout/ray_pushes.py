@@ -112,17 +112,21 @@ class WeightPushes:
             raise KeyError(
                 f"keep names weights not pushed: {sorted(set(keep) - state_dict.keys())}"
             )
-        # Hash here while the workers load (xxhash releases the GIL on large buffers).
-        with ThreadPoolExecutor(1, thread_name_prefix="weights-fingerprint") as pool:
-            hashing = pool.submit(weights_fingerprint, state_dict)
-            ref = ray.put(to_payload(state_dict))
-            put = time.time()
-            calls = [
-                (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep))
-                for s in self._slots
-            ]
-            expected = hashing.result()
-            hashed = time.time()
+        ref = ray.put(to_payload(state_dict))
+        put = time.time()
+        calls = [
+            (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep))
+            for s in self._slots
+        ]
+        # Hashed after the put, while the workers load: the put has this process's cores to
+        # itself (a hash thread during the put took its share of them), and the workers' loads
+        # take far longer than the hash, which is done before the first of them reports.
+        try:
+            expected = weights_fingerprint(state_dict)
+        except BaseException:  # the workers are loading: what they hold is unknown now
+            self._weights_ok, self._pushed = False, None
+            raise
+        hashed = time.time()
         target = PushedWeights(ref, version, expected, keep)
         kind = "full" if keep is None else "base"
         self._collect(calls, target, expected, f"weight push of version {version}")
@@ -132,7 +136,7 @@ class WeightPushes:
         self.timings.update(
             last_push_s=end - began,
             last_push_put_s=put - began,
-            last_push_hash_done_s=hashed - began,  # the hash overlaps the put and the loads
+            last_push_hash_done_s=hashed - began,  # the hash overlaps the loads
             last_push_load_s=end - put,
             last_push_kind=kind,
             last_push_transport="object_store",
@@ -298,6 +302,15 @@ class WeightPushes:
         )
         self.spans.add("weight push", "weights", began, end, version=version, kind="adapter")
         return expected
+
+    def worker_load_timings(self) -> list[dict[str, float]]:
+        """Every worker's seconds of its last weight load, in worker order
+        (:meth:`~periodic_rl.rollout.worker.RolloutWorker.load_timings`: fetching the payload,
+        the engine's reload and fingerprint); for benchmarks, one round trip per worker."""
+        import ray
+
+        self._require_started()
+        return ray.get([slot.actor.load_timings.remote() for slot in self._slots])
 
     def _settle_all(self) -> None:
         for slot in self._slots:

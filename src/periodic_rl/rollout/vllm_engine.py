@@ -51,6 +51,7 @@ import gc
 import os
 import random
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,6 +144,9 @@ class VLLMEngine(InferenceEngine):
         self._fingerprint: str | None = None
         self._names: WeightNames | None = None
         self._packed: dict[str, list[str]] | None = None
+        #: Seconds of the last :meth:`load_weights`: vLLM's reload (copy in, fuse, repack),
+        #: the fingerprint behind it, the prefix-cache reset (the worker reports them).
+        self.last_load_timings: dict[str, float] = {}
         self._shm_before = _shm_entries()
         self._shm_ours: set[str] = set()
 
@@ -267,11 +271,17 @@ class VLLMEngine(InferenceEngine):
             names.check(state_dict)
         if self.in_process:
             tensors = _detached_for_engine(state_dict)
-            results = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
+            reports = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
         else:
-            results = self._load_through_file(detached_cpu(state_dict), partial)
+            reports = self._load_through_file(detached_cpu(state_dict), partial)
+        results = [fingerprint for fingerprint, _ in reports]
+        reset = time.perf_counter()
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after the weight push")
+        self.last_load_timings = {
+            **reports[0][1],
+            "reset_prefix_s": time.perf_counter() - reset,
+        }
         if len(set(results)) != 1:
             raise RuntimeError(f"vLLM workers disagree on the weights they loaded: {results}")
         if partial:
@@ -294,7 +304,9 @@ class VLLMEngine(InferenceEngine):
             self._names = meta_model_weight_names(self.model_path)
         return self._names
 
-    def _load_through_file(self, tensors: dict[str, torch.Tensor], partial: bool) -> list[str]:
+    def _load_through_file(
+        self, tensors: dict[str, torch.Tensor], partial: bool
+    ) -> list[tuple[str, dict[str, float]]]:
         from safetensors.torch import save_file
 
         # safetensors refuses tensors that share memory (tied embeddings): give aliases a copy.

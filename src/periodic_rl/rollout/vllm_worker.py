@@ -18,6 +18,7 @@ and ``v_proj``: ``VLLMEngine.partial_load_names``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
@@ -34,21 +35,28 @@ from periodic_rl.compat.vllm import (
 from periodic_rl.weight_sync.fingerprint import loaded_fingerprint
 
 
-def load_weights(worker: Any, state_dict: dict[str, torch.Tensor], partial: bool = False) -> str:
+def load_weights(
+    worker: Any, state_dict: dict[str, torch.Tensor], partial: bool = False
+) -> tuple[str, dict[str, float]]:
     """Reload the worker's model from ``state_dict`` (transformers names) and return the
-    fingerprint of what the reload took in and what vLLM holds after it (:func:`_verified`)."""
+    fingerprint of what the reload took in and what vLLM holds after it (:func:`_verified`),
+    with the seconds of both steps (``reload_s``, ``verify_s``)."""
+    began = time.perf_counter()
     fed, loaded = _reload(worker, state_dict.items(), partial)
-    return _verified(worker, state_dict, fed, loaded, partial)
+    reloaded = time.perf_counter()
+    fingerprint = _verified(worker, state_dict, fed, loaded, partial)
+    timings = {"reload_s": reloaded - began, "verify_s": time.perf_counter() - reloaded}
+    return fingerprint, timings
 
 
-def load_weights_from_file(worker: Any, path: str, partial: bool = False) -> str:
+def load_weights_from_file(
+    worker: Any, path: str, partial: bool = False
+) -> tuple[str, dict[str, float]]:
     """Reload the worker's model from a safetensors file (the multiprocess engine's transport:
     tensors passed as ``collective_rpc`` arguments do not survive its serialisation)."""
     from safetensors.torch import load_file
 
-    state_dict = load_file(path)
-    fed, loaded = _reload(worker, state_dict.items(), partial)
-    return _verified(worker, state_dict, fed, loaded, partial)
+    return load_weights(worker, load_file(path), partial)
 
 
 def _verified(

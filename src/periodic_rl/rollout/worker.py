@@ -84,6 +84,7 @@ class RolloutWorker:
         self._weight_group: WeightGroup | None = None  # push_transport="broadcast"
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
+        self.last_load: dict[str, float] = {}  # phases of the last load_weights (load_timings)
 
     def info(self) -> dict[str, Any]:
         """Process id, child processes, cores, weights held, start-up time, and the Ray node
@@ -171,11 +172,19 @@ class RolloutWorker:
         :meth:`load_adapter` calls (:class:`~periodic_rl.weight_sync.merge.AdapterLoader`).
         """
         engine = self._engine()
-        started = time.time()
+        started, faults = time.time(), _minor_faults()
         state_dict = from_payload(_fetch(weights))
+        fetched = time.time()
         fingerprint = self._install(engine, state_dict, version, keep)
         del state_dict  # drop the shared-memory views: they pin the object
-        self.last_load_s = time.time() - started
+        ended = time.time()
+        self.last_load_s = ended - started
+        self.last_load = {
+            "fetch_s": fetched - started,
+            "install_s": ended - fetched,
+            "minor_faults": _minor_faults() - faults,  # fresh pages touched: a cost of its own
+            **getattr(engine, "last_load_timings", {}),
+        }
         return fingerprint
 
     def _install(
@@ -261,6 +270,13 @@ class RolloutWorker:
         self.last_load_s = time.time() - started
         return fingerprint
 
+    def load_timings(self) -> dict[str, float]:
+        """Seconds of the last :meth:`load_weights`: ``fetch_s`` (the payload from the object
+        store), ``install_s`` (the engine's load and fingerprint), and the engine's own
+        breakdown where it keeps one (``last_load_timings``); ``minor_faults``: the page faults
+        it took. Empty before the first load."""
+        return {"load_s": self.last_load_s, **self.last_load} if self.last_load else {}
+
     def fingerprint(self) -> str:
         """Fingerprint of the weights the engine holds (the one stamped on generated groups)."""
         self._engine()
@@ -297,6 +313,13 @@ def _fetch(weights: Any) -> Any:
         (payload,) = ray.get(weights)
         return payload
     return weights
+
+
+def _minor_faults() -> int:
+    """This process's minor page faults so far (first touches of memory it was given)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _torch_threads() -> int | None:

@@ -16,6 +16,7 @@ training (FSDP, DeepSpeed ZeRO-3) the caller gathers the full weights onto rank 
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import torch
@@ -56,6 +57,10 @@ class WeightPusher:
     def __init__(self, adapter_pushes: bool = True) -> None:
         self.adapter_pushes = adapter_pushes
         self.counts = dict.fromkeys(PUSH_KINDS, 0)
+        #: Seconds of the last push on this side: ``export_s`` (the policy's weights as a state
+        #: dict or adapter payload) and ``send_s`` (the backend's push, the workers' loads and
+        #: fingerprint checks included).
+        self.timings: dict[str, float] = {}
         self._base_on: tuple[int, list[str]] | None = None  # (id of backend, kept names)
 
     def push(
@@ -63,13 +68,21 @@ class WeightPusher:
     ) -> tuple[str, str]:
         """Send ``policy``'s weights to ``backend`` as ``version``; returns ``(kind,
         fingerprint)``. On any failure the base is sent again by the next push."""
+        began = time.perf_counter()
         adapter = policy.rollout_adapter() if self.adapter_pushes else None
+        export_s = time.perf_counter() - began
         try:
             if adapter is None:
                 kind, self._base_on = "full", None
-                fingerprint = backend.push_weights(policy.rollout_state_dict(), version)
+                exporting = time.perf_counter()
+                state = policy.rollout_state_dict()
+                export_s += time.perf_counter() - exporting
+                sending = time.perf_counter()
+                fingerprint = backend.push_weights(state, version)
+                del state
             else:
                 kind, keep = "adapter", adapted_names(adapter)
+                sending = time.perf_counter()
                 if self._base_on != (id(backend), keep):
                     kind, self._base_on = "base+adapter", None
                     backend.push_weights(policy.rollout_base_state_dict(), version, keep=keep)
@@ -79,6 +92,7 @@ class WeightPusher:
             self._base_on = None  # the engines' state is unknown: start again from the base
             raise
         self.counts[kind] += 1
+        self.timings = {"export_s": export_s, "send_s": time.perf_counter() - sending}
         return kind, fingerprint
 
     def forget_base(self) -> None:
