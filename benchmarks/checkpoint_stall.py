@@ -227,6 +227,10 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
                 ios["async"].wait()
                 record["waited_s"] = time.perf_counter() - began
                 record["start"] = time.perf_counter()
+            if step["kind"] == "save" and step["mode"] == "async":
+                # Is the previous background write still running when this iteration starts?
+                record["write_pending"] = bool(ios["async"]._pending)
+                record["buffers_ready"] = sum(len(b) for b in ios["async"]._buffers.values())
             self.records.append(record)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -234,6 +238,7 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
             if record["kind"] != "save":
                 return
             trainer.strategy.checkpoint_io = ios[record["mode"]]
+            record["pending_at_save"] = bool(ios["async"]._pending)  # a write not yet done
             began = time.perf_counter()
             path = self.directory / f"step={trainer.global_step}.ckpt"
             trainer.save_checkpoint(path)

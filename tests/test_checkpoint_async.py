@@ -134,6 +134,70 @@ def test_a_second_save_of_the_same_state_shares_the_snapshot(tmp_path, monkeypat
         assert _same(torch.load(tmp_path / f"{name}.ckpt", weights_only=True), state), name
 
 
+def _dumped(model, optimizer, step, last_path=""):
+    """What Lightning's dump gives: the state, a fresh RNG-state tensor each time, and the
+    checkpoint callback's own (non-tensor) state."""
+    return {
+        **_checkpoint(model, optimizer, step),
+        "rng": torch.get_rng_state(),
+        "callbacks": {"ModelCheckpoint": {"last_model_path": last_path}},
+    }
+
+
+def test_modelcheckpoint_order_shares_the_snapshot_and_links_the_file(tmp_path, monkeypatch):
+    """What ``ModelCheckpoint`` does: the new top-k file, the removal of the old one, then
+    ``last.ckpt``. The removal queued between the saves, and the fresh RNG-state tensor of
+    each dump, must not make ``last.ckpt`` wait for the first write (they did: a 5 s stall per
+    checkpoint of the demo); ``last.ckpt`` of the same values is the same file on disk (a hard
+    link), not a second write of the same bytes."""
+    model, optimizer = _state()
+    io = AsyncAtomicCheckpointIO()
+    io.save_checkpoint(_dumped(model, optimizer, 0), tmp_path / "step=0.ckpt")
+    io.wait()
+    held = HeldSave()
+    monkeypatch.setattr(torch, "save", held)
+    state = _clone(_dumped(model, optimizer, 1))
+    io.save_checkpoint(_dumped(model, optimizer, 1), tmp_path / "step=1.ckpt")
+    io.remove_checkpoint(tmp_path / "step=0.ckpt")
+    io.save_checkpoint(_dumped(model, optimizer, 1), tmp_path / "last.ckpt")  # no wait
+    assert not held.go.is_set() and len(io._pending) == 3
+    held.release()
+    io.teardown()
+    monkeypatch.undo()
+    assert not (tmp_path / "step=0.ckpt").exists()
+    assert os.path.samefile(tmp_path / "last.ckpt", tmp_path / "step=1.ckpt")
+    assert _same(torch.load(tmp_path / "last.ckpt", weights_only=True), state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=1.ckpt"]
+
+
+def test_a_second_save_with_other_plain_values_is_its_own_file(tmp_path):
+    model, optimizer = _state()
+    io = AsyncAtomicCheckpointIO()
+    io.save_checkpoint(_dumped(model, optimizer, 1), tmp_path / "step=1.ckpt")
+    io.save_checkpoint(_dumped(model, optimizer, 1, "last.ckpt"), tmp_path / "last.ckpt")
+    io.teardown()
+    assert not os.path.samefile(tmp_path / "last.ckpt", tmp_path / "step=1.ckpt")
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert last["callbacks"]["ModelCheckpoint"]["last_model_path"] == "last.ckpt"
+    assert _same(last["state_dict"], model.state_dict())
+
+
+def test_where_links_fail_the_second_file_is_written_in_full(tmp_path, monkeypatch):
+    def no_links(*args):
+        raise OSError("hard links not supported here")
+
+    model, optimizer = _state()
+    io = AsyncAtomicCheckpointIO()
+    monkeypatch.setattr(os, "link", no_links)
+    io.save_checkpoint(_checkpoint(model, optimizer, 1), tmp_path / "step=1.ckpt")
+    io.save_checkpoint(_checkpoint(model, optimizer, 1), tmp_path / "last.ckpt")
+    io.teardown()
+    assert not os.path.samefile(tmp_path / "last.ckpt", tmp_path / "step=1.ckpt")
+    loaded = [torch.load(tmp_path / n, weights_only=True) for n in ("step=1.ckpt", "last.ckpt")]
+    assert _same(loaded[0], loaded[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=1.ckpt"]
+
+
 def test_removal_waits_for_the_write_without_stalling(tmp_path, monkeypatch):
     io = AsyncAtomicCheckpointIO()
     io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, tmp_path / "step=1.ckpt")

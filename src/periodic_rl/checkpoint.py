@@ -126,6 +126,7 @@ class _Changed(Exception):
 
 
 _Key = tuple[int, str, int]
+_SMALL_NEW_BYTES = 1 << 20  # a new storage up to this size does not stop snapshot sharing
 _COMPARE_CHUNK = 64 * 2**20  # bytes of a non-CPU storage brought over at a time to compare
 
 
@@ -162,9 +163,12 @@ class _Snapshot:
     (from the buffers of the previous snapshot when sizes match) or, for a second save of the
     same state, the pending snapshot's own (:class:`_Changed` when the bytes differ)."""
 
-    def __init__(self, provide: Any, shared: bool = False) -> None:
-        self.provide, self.shared = provide, shared
+    def __init__(self, provide: Any, source: _Snapshot | None = None) -> None:
+        self.provide, self.source = provide, source
+        self.shared = source is not None
         self.copies: dict[_Key, torch.UntypedStorage] = {}
+        self.written: str | None = None  # the file holding these bytes, once written
+        self.data: Any = None  # the copied checkpoint
 
     def __call__(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -205,6 +209,49 @@ class _Snapshot:
         return out
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two copied checkpoints would load as the same values (then one file can serve
+    both): same containers, keys in the same order, equal plain values, equal tensors (a
+    storage they share counts as equal without reading it)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape or a.requires_grad != b.requires_grad:
+            return False
+        if (_key(a.untyped_storage()), a.storage_offset(), a.stride()) == (
+            _key(b.untyped_storage()),
+            b.storage_offset(),
+            b.stride(),
+        ):
+            return True
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that cannot say: not the same
+        return False
+
+
+def _link_atomically(source: str, target: str) -> bool:
+    """Make ``target`` a hard link to the finished file ``source`` (a temporary link renamed
+    over ``target``); ``False`` when ``source`` is gone or links are not possible there."""
+    temporary = f"{target}.{os.getpid()}.{threading.get_native_id()}.link"
+    try:
+        os.link(source, temporary)
+    except OSError:
+        return False
+    try:
+        os.replace(temporary, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return True
+
+
 def _background_priority() -> None:
     """This thread at the lowest CPU priority (nice 19), allowed on every core: it takes only
     the CPU time that training and the rollout workers leave, on whichever core has some (it
@@ -228,7 +275,11 @@ class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
 
     - At most one snapshot is held: a save waits for the previous write to finish, except a
       save of the very same tensors (``ModelCheckpoint`` writes ``last.ckpt`` right after the
-      top-k file): those bytes are compared with the pending snapshot and shared, not copied.
+      top-k file, with the old top-k file's removal queued between): those bytes are compared
+      with the pending snapshot and shared, not copied (small new tensors, such as the RNG
+      state of each dump, are copied). When every value is the same, the second file is a
+      hard link to the first (made through a temporary name, then renamed: atomic), so the
+      disk writes the bytes once; where links fail it is written in full.
     - Its buffers are kept for the next save (one checkpoint's worth of host memory; reusing
       them makes the copy several times faster than allocating) and freed at ``teardown``.
     - Removing an old checkpoint is queued behind the writes, so it never races them.
@@ -267,7 +318,8 @@ class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
             snapshot = _Snapshot(self._fresh)
             data = snapshot(checkpoint)
             self._buffers = {}  # those not reused are freed now
-        self._submit(self._write, snapshot, data, target)
+        snapshot.data = data
+        self._submit(self._write, snapshot, snapshot, data, target)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         if self._pending:
@@ -324,20 +376,34 @@ class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._pending.append((self._executor.submit(job, *args), snapshot))
 
-    def _write(self, data: dict[str, Any], path: str) -> None:
-        self._run(path, AtomicCheckpointIO.save_checkpoint, self, data, path)
+    def _write(self, snapshot: _Snapshot, data: dict[str, Any], path: str) -> None:
+        """Write ``data`` to ``path``; the same bytes already written (``last.ckpt`` after the
+        top-k file) become a hard link to that file (atomically, through a temporary name),
+        halving the disk writes, or a full write where links fail (another file system)."""
+        source = snapshot.source
+        linked = (
+            source is not None
+            and source.written is not None
+            and _same_value(source.data, data)  # the non-tensor entries too
+            and self._run(path, _link_atomically, source.written, path)
+        )
+        if not linked:
+            self._run(path, AtomicCheckpointIO.save_checkpoint, self, data, path)
+        if self._failure is None:
+            snapshot.written = path
 
     def _remove(self, path: str) -> None:
         self._run(path, AtomicCheckpointIO.remove_checkpoint, self, path)
 
-    def _run(self, path: str, action: Any, *args: Any) -> None:
+    def _run(self, path: str, action: Any, *args: Any) -> Any:
         if self._failure is not None:
-            return  # an earlier write failed: leave everything as it is
+            return None  # an earlier write failed: leave everything as it is
         try:
             _background_priority()
-            action(*args)
+            return action(*args)
         except BaseException as error:
             self._failure = (path, error)
+            return None
 
     # ---- snapshots ----------------------------------------------------------------------------
     def _fresh(self, storage: torch.UntypedStorage) -> torch.UntypedStorage:
@@ -349,18 +415,27 @@ class AsyncAtomicCheckpointIO(AtomicCheckpointIO):
     def _shared(self, checkpoint: dict[str, Any]) -> tuple[_Snapshot | None, Any]:
         """The pending snapshot's copies for a checkpoint of the same tensor values, or
         ``(None, None)`` (nothing pending, a failure to report, or a tensor that changed)."""
-        if not self._pending or self._failure is not None or self._pending[-1][1] is None:
+        # The last snapshot queued: removals queued after it (ModelCheckpoint removes the old
+        # top-k file between the new one and last.ckpt) do not change what it holds.
+        pending = next((snap for _, snap in reversed(self._pending) if snap is not None), None)
+        if pending is None or self._failure is not None:
             return None, None
-        pending = self._pending[-1][1]
+
+        reused = []
 
         def shared(storage: torch.UntypedStorage) -> torch.UntypedStorage:
             copied = pending.copies.get(_key(storage))
+            if copied is None and storage.nbytes() <= _SMALL_NEW_BYTES:
+                # made for this save (the RNG state): its own small copy, no sharing needed
+                return torch.UntypedStorage(storage.nbytes()).copy_(storage)
             if copied is None or not _same_bytes(storage, copied):
                 raise _Changed
+            reused.append(copied)
             return copied
 
-        snapshot = _Snapshot(shared, shared=True)
+        snapshot = _Snapshot(shared, source=pending)
         try:
-            return snapshot, snapshot(checkpoint)
+            data = snapshot(checkpoint)
         except _Changed:
             return None, None
+        return (snapshot, data) if reused else (None, None)  # else: another state altogether
