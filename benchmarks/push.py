@@ -22,11 +22,11 @@ With ``--modes`` naming more than one push path, each runs its own fit, one afte
 in the order given (a mode may set environment variables that only a new Ray worker process
 reads, such as glibc's ``MALLOC_*`` tunables).
 
-Default run (about 5 minutes on the 2-core machine)::
+Default run (about 3 minutes on the 2-core machine)::
 
     .venv/bin/python benchmarks/push.py
 
-Quick smoke run (about 2 minutes)::
+Quick smoke run (about 90 seconds)::
 
     .venv/bin/python benchmarks/push.py --iterations 2 --warmup 1 --output /tmp/push.json
 """
