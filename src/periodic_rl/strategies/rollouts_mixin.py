@@ -176,8 +176,12 @@ class RolloutsMixin:
         step = self.split_advisor.step(self.spans) if self.split_advisor else None
         if step is None:
             return
-        for name, value in step.metrics().items():
-            self.lightning_module.log(name, value, on_step=True, on_epoch=False, batch_size=1)
+        # To the loggers once per window (self.log from this hook was re-logged at every step).
+        trainer = self.lightning_module.trainer
+        metrics = step.metrics()
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
         log.info("hardware split: %s%s", step.reason, "; applying it" if step.apply else "")
         if step.apply is not None:
             before = set(os.sched_getaffinity(0))
