@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402 - the benchmarks folder is not a package
     RESULTS_DIR,
     bare_trainer,
+    demo_parts,
     load_average,
     machine_info,
     markdown_table,
@@ -202,7 +203,6 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
     import lightning as L
     import torch
 
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
     from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
 
     ios = {"async": AsyncAtomicCheckpointIO(), "sync": AtomicCheckpointIO()}
@@ -253,34 +253,9 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
                 self.records[-1]["seconds"] = time.perf_counter() - self.records[-1]["start"]
 
     with tempfile.TemporaryDirectory(prefix="prl-ckpt-stall-") as tmp:
-        module = RLModule(
-            model=config["model"],
-            dtype=config["dtype"],
-            num_generations=config["num_generations"],
-            max_new_tokens=config["max_new_tokens"],
-            micro_batch_size=config["micro_batch_size"],
-            learning_rate=config["learning_rate"],
-            temperature=1.0,
-            loss_type="dapo",
-            beta=0.0,
-            scale_rewards="group",
-            max_grad_norm=1.0,
-            seed=config["seed"],
-        )
-        strategy = PeriodicAsyncStrategy(
-            engine=config["engine"],
-            engine_kwargs=config["engine_kwargs"],
-            num_workers=config["num_workers"],
-            overlap=config["overlap"],
-            worker_cores=config["worker_cores"],
-            trainer_cores=config["trainer_cores"],
-            checkpoint_io=ios["sync"],
-        )
+        module, strategy, data = demo_parts(config, checkpoint_io=ios["sync"])
         saves = SavePlan(Path(tmp))
         trainer = bare_trainer(strategy, len(plan), [saves])
-        data = PromptDataModule(
-            source=config["task"], batch_size=config["batch_size"], num_val=0, seed=config["seed"]
-        )
         began = time.time()
         trainer.fit(module, datamodule=data)
         fit_s = time.time() - began

@@ -376,3 +376,39 @@ def bare_trainer(strategy: Any, max_steps: int, callbacks: list[Any], **kwargs: 
         callbacks=callbacks,
         **kwargs,
     )
+
+
+def demo_parts(config: dict[str, Any], **strategy_kwargs: Any) -> tuple[Any, Any, Any]:
+    """The demo's run (``examples/arithmetic.yaml``: GRPO with the ``dapo`` loss, no KL) as a
+    benchmark's child builds it from its ``config`` (model, dtype, engine, cores, workload):
+    ``(module, strategy, datamodule)``, without held-out rows. ``strategy_kwargs`` go to the
+    strategy (e.g. its ``checkpoint_io``)."""
+    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+
+    module = RLModule(
+        model=config["model"],
+        dtype=config["dtype"],
+        num_generations=config["num_generations"],
+        max_new_tokens=config["max_new_tokens"],
+        micro_batch_size=config["micro_batch_size"],
+        learning_rate=config["learning_rate"],
+        temperature=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        scale_rewards="group",
+        max_grad_norm=1.0,
+        seed=config["seed"],
+    )
+    strategy = PeriodicAsyncStrategy(
+        engine=config["engine"],
+        engine_kwargs=config["engine_kwargs"],
+        num_workers=config["num_workers"],
+        overlap=config["overlap"],
+        worker_cores=config["worker_cores"],
+        trainer_cores=config["trainer_cores"],
+        **strategy_kwargs,
+    )
+    data = PromptDataModule(
+        source=config["task"], batch_size=config["batch_size"], num_val=0, seed=config["seed"]
+    )
+    return module, strategy, data

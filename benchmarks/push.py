@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402 - the benchmarks folder is not a package
     RESULTS_DIR,
     bare_trainer,
+    demo_parts,
     load_average,
     machine_info,
     markdown_table,
@@ -268,8 +269,6 @@ def add_gaps(records: list[dict[str, Any]]) -> None:
 def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
     import lightning as L
 
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
-
     class PushPlan(L.Callback):
         """Times each iteration and records its push."""
 
@@ -292,33 +291,9 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
                 last["iteration_s"] = time.perf_counter() - last["start"]
             add_gaps(self.records)
 
-    module = RLModule(
-        model=config["model"],
-        dtype=config["dtype"],
-        num_generations=config["num_generations"],
-        max_new_tokens=config["max_new_tokens"],
-        micro_batch_size=config["micro_batch_size"],
-        learning_rate=config["learning_rate"],
-        temperature=1.0,
-        loss_type="dapo",
-        beta=0.0,
-        scale_rewards="group",
-        max_grad_norm=1.0,
-        seed=config["seed"],
-    )
-    strategy = PeriodicAsyncStrategy(
-        engine=config["engine"],
-        engine_kwargs=config["engine_kwargs"],
-        num_workers=config["num_workers"],
-        overlap=config["overlap"],
-        worker_cores=config["worker_cores"],
-        trainer_cores=config["trainer_cores"],
-    )
+    module, strategy, data = demo_parts(config)
     pushes = PushPlan()
     trainer = bare_trainer(strategy, len(plan), [pushes])
-    data = PromptDataModule(
-        source=config["task"], batch_size=config["batch_size"], num_val=0, seed=config["seed"]
-    )
     began = time.time()
     trainer.fit(module, datamodule=data)
     return {
