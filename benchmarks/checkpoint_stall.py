@@ -43,6 +43,7 @@ from common import (  # noqa: E402 - the benchmarks folder is not a package
     RESULTS_DIR,
     bare_trainer,
     demo_parts,
+    demo_settings,
     load_average,
     machine_info,
     markdown_table,
@@ -90,21 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     machine = machine_info()
     plan = schedule(args.saves_per_mode, args.warmup)
     settings = {
-        "model": "smollm2-135m-instruct",
-        "dtype": "float32",
-        "engine": "vllm",
-        "engine_kwargs": {"max_model_len": 512, "kv_cache_gb": 1},
-        "num_workers": 1,
-        "overlap": True,
-        "trainer_cores": [0],
-        "worker_cores": [[1]],
-        "task": "builtin:arithmetic",
-        "batch_size": 4,
-        "num_generations": 8,
-        "micro_batch_size": 16,
-        "max_new_tokens": args.max_new_tokens,
-        "learning_rate": 2.0e-5,
-        "seed": 0,
+        **demo_settings(args.max_new_tokens),
         "saves_per_mode": args.saves_per_mode,
         "warmup_iterations": args.warmup,
     }

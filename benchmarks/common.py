@@ -378,6 +378,29 @@ def bare_trainer(strategy: Any, max_steps: int, callbacks: list[Any], **kwargs: 
     )
 
 
+def demo_settings(max_new_tokens: int = 24) -> dict[str, Any]:
+    """The demo's run (``examples/arithmetic.yaml``) as the ``config`` :func:`demo_parts`
+    reads: SmolLM2-135M fp32 full fine-tune, one vLLM worker on core 1, the trainer on core 0,
+    overlapped, 4 prompts x 8 samples of ``builtin:arithmetic`` per iteration."""
+    return {
+        "model": "smollm2-135m-instruct",
+        "dtype": "float32",
+        "engine": "vllm",
+        "engine_kwargs": {"max_model_len": 512, "kv_cache_gb": 1},
+        "num_workers": 1,
+        "overlap": True,
+        "trainer_cores": [0],
+        "worker_cores": [[1]],
+        "task": "builtin:arithmetic",
+        "batch_size": 4,
+        "num_generations": 8,
+        "micro_batch_size": 16,
+        "max_new_tokens": max_new_tokens,
+        "learning_rate": 2.0e-5,
+        "seed": 0,
+    }
+
+
 def demo_parts(config: dict[str, Any], **strategy_kwargs: Any) -> tuple[Any, Any, Any]:
     """The demo's run (``examples/arithmetic.yaml``: GRPO with the ``dapo`` loss, no KL) as a
     benchmark's child builds it from its ``config`` (model, dtype, engine, cores, workload):
