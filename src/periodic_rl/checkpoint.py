@@ -165,7 +165,6 @@ class _Snapshot:
 
     def __init__(self, provide: Any, source: _Snapshot | None = None) -> None:
         self.provide, self.source = provide, source
-        self.shared = source is not None
         self.copies: dict[_Key, torch.UntypedStorage] = {}
         self.written: str | None = None  # the file holding these bytes, once written
         self.data: Any = None  # the copied checkpoint
@@ -193,7 +192,7 @@ class _Snapshot:
             or tensor.is_quantized
             or (tensor.is_conj() or tensor.is_neg() or tensor.device.type == "meta")
         ):
-            if self.shared:  # not among the pending snapshot's storages: copy anew
+            if self.source is not None:  # not among the pending snapshot's storages
                 raise _Changed
             return tensor.detach().to("cpu", copy=True)
         storage = tensor.untyped_storage()
