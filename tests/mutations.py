@@ -365,9 +365,9 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         name="a local Ray started on the machine's routable address (not loopback)",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
-        old="            with all_cores(), loopback_node() if local else nullcontext():\n",
-        new="            with all_cores(), nullcontext():\n",
+        file="src/periodic_rl/rollout/placement.py",
+        old="    with all_cores(), gpus, loopback_node() if loopback else nullcontext():\n",
+        new="    with all_cores(), gpus, nullcontext():\n",
         tests=("tests/rollout/test_network.py::test_a_local_run_listens_on_loopback_only[hf]",),
     ),
     Mutation(
@@ -453,7 +453,8 @@ MUTATIONS: list[Mutation] = [
         name="faults: a hung rollout call is never timed out",
         file="src/periodic_rl/rollout/ray_rollouts.py",
         old=(
-            "                for slot, waited in self._hung_slots(in_flight):\n"
+            "                for slot, waited in hung_slots(self._slots, in_flight, "
+            "self.call_timeout_s):\n"
             '                    self._restart_hung(slot, waited, "call")'
             "  # its calls come back failed\n"
         ),
