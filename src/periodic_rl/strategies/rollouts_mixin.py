@@ -24,6 +24,12 @@ from periodic_rl.rollout.controller import PromptShare, RolloutController, Rollo
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.engine_checks import check_rollout_options
+from periodic_rl.rollout.engine_dtype import (
+    DTYPES,
+    DtypeChoice,
+    check_engine_dtype,
+    resolve_engine_dtype,
+)
 from periodic_rl.rollout.hardware_split import Candidate
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.processes import repin_threads
@@ -38,6 +44,11 @@ log = logging.getLogger(__name__)
 ROLLOUT_ARGS_DOC = """
         engine: ``vllm``, ``hf``, or ``package.module:Class`` of your own ``InferenceEngine``.
         engine_kwargs: passed to the engine (e.g. ``max_model_len``, ``kv_cache_gb``).
+        engine_dtype: the rollout engine's dtype: ``float32``, ``bfloat16``, or ``auto``: on the
+            CPU, vLLM's decode speed in both is measured on the first worker's cores (cached in
+            ``~/.cache/periodic_rl/engine_dtype.json``) and bfloat16 kept only if >= 10% faster;
+            bfloat16 for vLLM on GPUs, float32 for ``hf`` (docs/guide.md). Unset:
+            ``engine_kwargs.dtype``, else the device's default (float32 CPU, bfloat16 GPU).
         num_workers: rollout workers (Ray actors), each holding one engine, shared by all
             training ranks.
         overlap: back-propagate groups while the rest of the iteration is still being generated
@@ -95,6 +106,7 @@ class RolloutsMixin:
         self,
         engine: str = "vllm",
         engine_kwargs: dict[str, Any] | None = None,
+        engine_dtype: Literal["float32", "bfloat16", "auto"] | None = None,
         num_workers: int = 1,
         overlap: bool = True,
         use_ray: bool = True,
@@ -128,6 +140,9 @@ class RolloutsMixin:
             )
         if split_after < 1:
             raise ValueError(f"split_after must be >= 1 iteration, got {split_after}")
+        check_engine_dtype(engine_dtype, engine, engine_kwargs or {})
+        if engine_dtype in DTYPES:  # a concrete dtype is the engine's own dtype argument
+            engine_kwargs = {**(engine_kwargs or {}), "dtype": engine_dtype}
         options = RolloutOptions(  # checks the arguments before Lightning sees any
             engine=engine,
             engine_kwargs=dict(engine_kwargs or {}),
@@ -156,16 +171,25 @@ class RolloutsMixin:
         self.split_start, self.split_after = start, split_after
         self.split_advisor: SplitAdvisor | None = None  # rank 0, from setup
         self._machine_cores = sorted(os.sched_getaffinity(0))  # before any pinning
+        self.engine_dtype_pending = engine_dtype == "auto"  # resolved in setup
+        self.engine_dtype_choice: DtypeChoice | None = None  # rank 0's, once resolved
 
     # ---- lifecycle (Lightning calls these) -----------------------------------------------------
     def setup(self, trainer: Any) -> None:
         if self.split_start is not None:
             self._check_auto_device()
+        pending = self.engine_dtype_pending
+        if pending and self.global_rank == 0:  # type: ignore[attr-defined]
+            self._resolve_engine_dtype(trainer)  # before the trainer pins its cores
         if self.trainer_cores:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
         super().setup(trainer)  # type: ignore[misc]
         self.rollouts.start(self.lightning_module.model_path, rank_link, self.rollout_settings)
+        if pending:  # rank 0's choice on every rank (a collective: all ranks are pending)
+            dtype = self.engine_dtype_choice.dtype if self.engine_dtype_choice else None
+            self.rollouts.options.engine_kwargs["dtype"] = self.rollouts.link.broadcast(dtype)
+            self.engine_dtype_pending = False
         self.rollouts.push(self.lightning_module, self.gathered_weights)
         self.split_advisor = self._split_advisor()
 
@@ -189,6 +213,26 @@ class RolloutsMixin:
             self.trainer_cores = list(step.apply.trainer_cores)
             self.rollouts.options.overlap = step.apply.overlap  # read at each iteration's start
             self.rollouts.set_worker_cores([list(cores) for cores in step.apply.worker_cores])
+
+    def _resolve_engine_dtype(self, trainer: Any) -> None:
+        """``engine_dtype: auto`` (:mod:`periodic_rl.rollout.engine_dtype`), measured on the
+        cores the first worker will run on: its ``worker_cores``, else as many of this
+        process's cores as the threads Ray gives it (``cpus_per_worker``); without Ray, the
+        trainer's (the engine runs in its process)."""
+        options, settings = self.rollouts.options, self.rollout_settings
+        cores = (options.worker_cores or [[]])[0]
+        if not options.use_ray:
+            cores = self.trainer_cores or self._machine_cores
+        if not cores:
+            cores = self._machine_cores[: max(1, int(options.cpus_per_worker))]
+        on_gpu = settings.on_gpu or settings.gpus_per_worker > 0
+        choice = resolve_engine_dtype(
+            options.engine, self.lightning_module.model_path, list(cores), on_gpu
+        )
+        options.engine_kwargs["dtype"] = choice.dtype
+        self.engine_dtype_choice = choice
+        for logger in trainer.loggers:
+            logger.log_metrics(choice.metrics(), step=trainer.global_step)
 
     def _check_auto_device(self) -> None:
         """``worker_cores: auto`` moves cores of one training process on this machine."""

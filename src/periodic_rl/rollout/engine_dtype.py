@@ -1,0 +1,250 @@
+"""``engine_dtype: auto``: the faster of float32 and bfloat16 for the rollout engine, measured.
+
+bf16 is not always faster on a CPU: on an AMD EPYC with AVX512-BF16 and no AMX, vLLM-CPU
+decodes ~4x slower in bf16 than in fp32; CPUs with AMX-BF16 behave differently. So for vLLM on
+the CPU, a child process pinned to the first worker's cores (:func:`measure`) starts a
+``VLLMEngine`` per dtype on the run's model and times one fixed, seeded decode (:data:`WORKLOAD`,
+after a warm-up call); :func:`choose_dtype` keeps float32, the exact one, unless bf16 is at
+least :data:`BF16_MARGIN` times faster. The rates are cached (:func:`cache_path`) per CPU, core
+count, vLLM and torch versions and model shape (:func:`cache_key`).
+
+Not measured: vLLM on GPUs -> bfloat16 (what tensor cores are built for; the GPU default of
+:mod:`~periodic_rl.rollout.device_defaults`); ``hf`` -> float32 (the exact reference engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from periodic_rl.rollout.processes import pin_process  # imports neither torch nor vLLM
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16")
+ENGINE_DTYPES = (*DTYPES, "auto")
+#: bf16 wins only when it decodes at least this many times as fast as float32.
+BF16_MARGIN = 1.10
+#: The measured decode: one request of ``n`` samples from a fixed prompt, seeded.
+WORKLOAD = {"prompt_len": 16, "n": 8, "max_new_tokens": 16, "seed": 0, "version": 1}
+CACHE_ENV = "PERIODIC_RL_ENGINE_DTYPE_CACHE"
+_MARK = "ENGINE_DTYPE_RATES "  # prefixes the child's JSON line on stdout
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The engine dtype ``auto`` resolved to, the tokens/s it was chosen from (empty when not
+    measured) and where it came from (``measured``, ``cache`` or a rule such as ``gpu``)."""
+
+    dtype: str
+    rates: dict[str, float] = field(default_factory=dict)
+    source: str = "measured"
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{k} {v:.1f} tok/s" for k, v in self.rates.items())
+        return f"engine_dtype auto -> {self.dtype} ({rates or 'not measured'}; {self.source})"
+
+    def metrics(self) -> dict[str, float]:
+        """For the loggers: which dtype (``engine_dtype/bfloat16`` 1 or 0) and the rates."""
+        out = {"engine_dtype/bfloat16": float(self.dtype == "bfloat16")}
+        out.update({f"engine_dtype/{k}_tok_s": float(v) for k, v in self.rates.items()})
+        return out
+
+
+def choose_dtype(rates: dict[str, float]) -> str:
+    """``bfloat16`` if it decodes at least ``BF16_MARGIN`` times as fast as float32 (and was
+    measured at all), else ``float32``: ties and near-ties keep the exact dtype."""
+    f32, bf16 = float(rates.get("float32") or 0.0), float(rates.get("bfloat16") or 0.0)
+    if f32 < 0 or bf16 < 0:
+        raise ValueError(f"decode rates must be >= 0 tokens/s, got {rates}")
+    return "bfloat16" if bf16 > 0 and bf16 >= BF16_MARGIN * f32 else "float32"
+
+
+def check_engine_dtype(engine_dtype: str | None, engine: str, engine_kwargs: dict) -> None:
+    """At the strategy's construction: a known value, not given twice, ``auto`` only for the
+    engines it knows how to resolve."""
+    if engine_dtype is None:
+        return
+    if engine_dtype not in ENGINE_DTYPES:
+        raise ValueError(
+            f"engine_dtype must be one of {', '.join(ENGINE_DTYPES)} or null (engine_kwargs' "
+            f"dtype, else the device's default), got {engine_dtype!r}"
+        )
+    if "dtype" in engine_kwargs:
+        raise ValueError(
+            f"engine_dtype={engine_dtype!r} and engine_kwargs.dtype={engine_kwargs['dtype']!r} "
+            "both set the rollout engine's dtype; keep one of them (engine_dtype takes float32, "
+            "bfloat16 or auto)"
+        )
+    if engine_dtype == "auto" and engine not in ("vllm", "hf"):
+        raise ValueError(
+            f"engine_dtype='auto' is resolved for the vllm and hf engines only, not {engine!r}; "
+            "give engine_dtype float32 or bfloat16"
+        )
+
+
+def resolve_engine_dtype(
+    engine: str, model_path: str, cores: list[int], on_gpu: bool, path: Path | None = None
+) -> DtypeChoice:
+    """What ``auto`` means for ``engine`` here (module docstring); measures (or reads the
+    cache) only for vLLM on the CPU. A failed measurement keeps float32, with a warning."""
+    if on_gpu:
+        choice = DtypeChoice("bfloat16", source="gpu (not measured)")
+    elif engine != "vllm":
+        choice = DtypeChoice("float32", source=f"{engine} engine (not measured)")
+    else:
+        path = path or cache_path()
+        key = cache_key(model_path, len(cores))
+        rates = read_cache(path, key)
+        source = "cache" if rates is not None else "measured"
+        if rates is None:
+            try:
+                rates = measure(model_path, cores)
+            except (RuntimeError, ValueError, OSError, subprocess.SubprocessError) as error:
+                log.warning("engine_dtype auto: measuring failed, keeping float32: %s", error)
+                return DtypeChoice("float32", source="measurement failed")
+            write_cache(path, key, rates)
+        choice = DtypeChoice(choose_dtype(rates), dict(rates), source)
+    log.info("%s", choice.describe())
+    return choice
+
+
+# ---- the cache -------------------------------------------------------------------------------
+def cache_path() -> Path:
+    """``$PERIODIC_RL_ENGINE_DTYPE_CACHE``, else ``engine_dtype.json`` in the project's cache
+    directory (``$PERIODIC_RL_CACHE`` or ``~/.cache/periodic_rl``)."""
+    from periodic_rl.models import cache_dir
+
+    return Path(os.environ.get(CACHE_ENV) or cache_dir() / "engine_dtype.json")
+
+
+def cache_key(model_path: str, num_cores: int) -> dict[str, Any]:
+    """What the rates depend on: the CPU (model name, bf16 matmul flags), the cores measured,
+    the vLLM and torch versions, the model's shape and the workload."""
+    from periodic_rl.rollout.engine_checks import model_text_config
+
+    config = model_text_config(model_path)
+    try:
+        info = [line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines()]
+    except OSError:
+        info = []
+    fields = {name.strip(): value.strip() for name, _, value in reversed(info)}  # CPU 0's
+    return {
+        "cpu": fields.get("model name", "unknown"),
+        "flags": sorted(set(fields.get("flags", "").split()) & {"avx512_bf16", "amx_bf16"}),
+        "cores": num_cores,
+        "vllm": _version("vllm"),
+        "torch": _version("torch"),
+        "model": {
+            k: getattr(config, k, None)
+            for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+        },
+        "workload": WORKLOAD,
+    }
+
+
+def _version(module: str) -> str | None:
+    """The version of the distribution installing ``module`` (``vllm``: vllm-cpu or vllm)."""
+    dists = importlib.metadata.packages_distributions().get(module, [])
+    return importlib.metadata.version(dists[0]) if dists else None
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    """The cache file's entries; ``{}`` (with a warning) for a file that is not one."""
+    try:
+        entries = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
+        entries = error
+    if not isinstance(entries, dict):
+        log.warning("engine_dtype cache %s is unreadable (%s); ignoring it", path, entries)
+        return {}
+    return entries
+
+
+def read_cache(path: Path, key: dict[str, Any]) -> dict[str, float] | None:
+    """The cached rates for ``key``, or None (no file, no entry, or an unreadable file)."""
+    entry = _entries(path).get(json.dumps(key, sort_keys=True))
+    rates = entry.get("rates") if isinstance(entry, dict) else None
+    if not isinstance(rates, dict) or not all(isinstance(v, int | float) for v in rates.values()):
+        return None
+    return {str(k): float(v) for k, v in rates.items()}
+
+
+def write_cache(path: Path, key: dict[str, Any], rates: dict[str, float]) -> None:
+    """Add (or replace) ``key``'s entry: written to a temporary file, then renamed over the
+    cache, so a reader never sees half a file."""
+    entries = _entries(path)
+    entries[json.dumps(key, sort_keys=True)] = {"key": key, "rates": rates, "at": time.time()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(entries, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---- the measurement -------------------------------------------------------------------------
+def measure(model_path: str, cores: list[int], timeout_s: float = 900.0) -> dict[str, float]:
+    """Decode tokens/s per dtype, from a child process pinned to ``cores``."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+    args = ["--model", model_path, "--cores", ",".join(str(c) for c in cores)]
+    done = subprocess.run(
+        [sys.executable, "-m", __name__, *args],
+        capture_output=True, text=True, timeout=timeout_s, env=env,
+    )  # fmt: skip
+    lines = [x for x in done.stdout.splitlines() if x.startswith(_MARK)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"exit code {done.returncode}: {done.stderr[-2000:]}")
+    return {k: float(v) for k, v in json.loads(lines[-1][len(_MARK) :]).items()}
+
+
+def _decode_rate(model_path: str, dtype: str, kv_cache_gb: float) -> float:
+    from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+    from periodic_rl.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(model_path, dtype=dtype, max_model_len=128, kv_cache_gb=kv_cache_gb)
+    try:
+        prompt = [1000 + i for i in range(WORKLOAD["prompt_len"])]
+        requests = [GenerationRequest(prompt_ids=prompt, n=WORKLOAD["n"], seed=WORKLOAD["seed"])]
+        sampling = SamplingConfig(max_new_tokens=WORKLOAD["max_new_tokens"], temperature=1.0)
+        engine.generate_with_logprobs(requests, sampling)  # warm-up
+        began = time.perf_counter()
+        ((completions, _),) = engine.generate_with_logprobs(requests, sampling)
+        seconds = time.perf_counter() - began
+    finally:
+        engine.shutdown()
+    return sum(len(c) for c in completions) / seconds
+
+
+def _child(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="decode tokens/s of vLLM per dtype")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--cores", required=True, help="comma-separated, e.g. 1 or 0,1")
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    args = parser.parse_args(argv)
+    pin_process([int(c) for c in args.cores.split(",")], uses_vllm=True)  # as a worker does
+    from periodic_rl.rollout.engine_checks import kv_bytes_per_token, model_text_config
+
+    per_token = kv_bytes_per_token(model_text_config(args.model), "float32")
+    kv_gb = max(0.25, 2 * 12 * 128 * per_token / (1 << 30))  # 12 blocks of 128 (n=8 + spares)
+    rates = {dtype: _decode_rate(args.model, dtype, kv_gb) for dtype in args.dtypes}
+    print(_MARK + json.dumps(rates), flush=True)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
