@@ -626,6 +626,23 @@ MUTATIONS: list[Mutation] = [
             "test_a_second_save_with_other_plain_values_is_its_own_file",
         ),
     ),
+    Mutation(
+        name="without overlap the iteration is still cut into calls of two groups",
+        file="src/periodic_rl/rollout/controller.py",
+        old="        if self.options.groups_per_call is not None or self.options.overlap:\n",
+        new="        if True:\n",
+        tests=(
+            "tests/rollout/test_schedule.py::"
+            "test_without_overlap_a_worker_gets_its_share_in_one_call",
+        ),
+    ),
+    Mutation(
+        name="engine_dtype auto ignores the 10% margin (bf16 wins ties)",
+        file="src/periodic_rl/rollout/engine_dtype.py",
+        old='    return "bfloat16" if bf16 > 0 and bf16 >= BF16_MARGIN * f32 else "float32"',
+        new='    return "bfloat16" if bf16 > 0 and bf16 >= f32 else "float32"',
+        tests=("tests/rollout/test_engine_dtype.py::test_choose_dtype",),
+    ),
 ]
 
 

@@ -17,8 +17,19 @@ class ListBackend:
 
     def __init__(self, returned: list[int]) -> None:
         self.returned = returned
+        self.groups_per_call: list[int | None] = []
 
-    def generate(self, jobs, sampling, version, ramp_groups=None, cancel=None, more_jobs=None):
+    def generate(
+        self,
+        jobs,
+        sampling,
+        version,
+        groups_per_call=None,
+        ramp_groups=None,
+        cancel=None,
+        more_jobs=None,
+    ):
+        self.groups_per_call.append(groups_per_call)
         by_index = {job.index: job for job in jobs}
         for index in self.returned:
             job = by_index.get(index) or by_index[0]
@@ -56,3 +67,10 @@ def test_a_group_missing_or_twice_fails_the_iteration_on_every_rank(returned, me
         stream.drain()
     end = link.sent[1][-1]
     assert isinstance(end, EndOfIteration) and end.error is not None
+
+
+def test_the_plans_call_size_reaches_the_backend():
+    backend = ListBackend([0, 1, 2, 3])
+    plan = IterationPlan(originals(4), [0, 0, 0, 0], SAMPLING, 0, None, groups_per_call=4)
+    produce(backend, plan, scorer(set()), GroupStream(), RecordingLink(1))
+    assert backend.groups_per_call == [4]

@@ -1,5 +1,6 @@
 import pytest
 
+from periodic_rl.rollout.controller import RolloutController, RolloutOptions
 from periodic_rl.rollout.schedule import plan_calls
 
 
@@ -35,3 +36,18 @@ def test_bad_sizes_are_refused():
         plan_calls([1], 0, 1)
     with pytest.raises(ValueError, match="ramp_groups"):
         plan_calls([1], 2, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "groups", "expected"),
+    [
+        ({"overlap": False, "num_workers": 1}, 4, 4),  # the whole iteration in one call
+        ({"overlap": False, "num_workers": 2}, 5, 3),  # each worker's share
+        ({"overlap": False, "num_workers": 2, "groups_per_call": 1}, 5, 1),  # as asked
+        ({"overlap": True, "num_workers": 1}, 4, None),  # the backend's streaming default
+        ({"overlap": True, "num_workers": 1, "groups_per_call": 3}, 4, 3),
+    ],
+)
+def test_without_overlap_a_worker_gets_its_share_in_one_call(options, groups, expected):
+    controller = RolloutController(RolloutOptions(**options))
+    assert controller.call_size(groups) == expected

@@ -55,6 +55,7 @@ class IterationPlan:
     version: int
     ramp_groups: int | None  # groups of a micro-batch when overlapped (first and last calls)
     dynamic: DynamicSampling | None = None  # drop all-equal-reward groups, fill with spares
+    groups_per_call: int | None = None  # None: the backend's own
 
 
 def produce(
@@ -85,6 +86,7 @@ def produce(
             plan.jobs,
             plan.sampling,
             plan.version,
+            groups_per_call=plan.groups_per_call,
             ramp_groups=plan.ramp_groups,
             cancel=stream.cancel_event,
         )
@@ -144,6 +146,7 @@ def _produce_dynamic(
             plan.jobs,
             plan.sampling,
             plan.version,
+            groups_per_call=plan.groups_per_call,
             ramp_groups=plan.ramp_groups,
             cancel=stream.cancel_event,
             more_jobs=source,

@@ -79,6 +79,9 @@ ROLLOUT_ARGS_DOC = """
         groups_per_call: prompt groups handed to a worker per call (batching vs streaming).
             Overlapped, each worker's first call and the iteration's last calls carry one
             micro-batch's groups, so training starts and ends sooner (docs/overlap.md).
+            ``None`` (default): 2 overlapped; with overlap off, each worker's share of the
+            iteration in one call (one engine batch generates it fastest, and the trainer
+            waits for all of it anyway).
         adapter_pushes: with LoRA, push the base weights once and then only the adapter
             factors, which the workers merge themselves; ``False`` pushes the full merged
             weights every iteration.
@@ -115,7 +118,7 @@ class RolloutsMixin:
         gpus_per_worker: float | None = None,
         worker_cores: list[list[int]] | Literal["auto"] | None = None,
         trainer_cores: list[int] | None = None,
-        groups_per_call: int = 2,
+        groups_per_call: int | None = None,
         adapter_pushes: bool = True,
         max_staleness: int = 0,
         call_timeout_s: float | None = 600.0,
