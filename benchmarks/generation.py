@@ -196,7 +196,9 @@ def engine_side(config: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
 
     def seeded(seed: int) -> int:
         params = [
-            SamplingParams(n=1, temperature=1.0, max_tokens=tokens, seed=seed * 1000 + i, logprobs=0)
+            SamplingParams(
+                n=1, temperature=1.0, max_tokens=tokens, seed=seed * 1000 + i, logprobs=0
+            )
             for i in range(len(prompts) * n)
         ]
         outs = engine.llm.generate(
