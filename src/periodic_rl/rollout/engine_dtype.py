@@ -1,8 +1,8 @@
 """``engine_dtype: auto``: the faster of float32 and bfloat16 for the rollout engine, measured.
 
-bf16 is not always faster on a CPU: on an AMD EPYC with AVX512-BF16 and no AMX, vLLM-CPU
-decodes ~4x slower in bf16 than in fp32; CPUs with AMX-BF16 behave differently. So for vLLM on
-the CPU, a child process pinned to the first worker's cores (:func:`measure`) starts a
+bf16 is not always faster on a CPU (on AVX512-BF16 EPYCs without AMX it was measured both ~4x
+slower and ~1.3x faster than fp32, depending on the setup; AMX-BF16 differs again). So for vLLM
+on the CPU, a child process pinned to the first worker's cores (:func:`measure`) starts a
 ``VLLMEngine`` per dtype on the run's model and times one fixed, seeded decode (:data:`WORKLOAD`,
 after a warm-up call); :func:`choose_dtype` keeps float32, the exact one, unless bf16 is at
 least :data:`BF16_MARGIN` times faster. The rates are cached (:func:`cache_path`) per CPU, core
@@ -103,8 +103,7 @@ def resolve_engine_dtype(
     elif engine != "vllm":
         choice = DtypeChoice("float32", source=f"{engine} engine (not measured)")
     else:
-        path = path or cache_path()
-        key = cache_key(model_path, len(cores))
+        path, key = path or cache_path(), cache_key(model_path, len(cores))
         rates = read_cache(path, key)
         source = "cache" if rates is not None else "measured"
         if rates is None:
