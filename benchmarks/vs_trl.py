@@ -108,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["fp32", "bf16-mixed"],
         help="fp32 (CPU default) or bf16 autocast over fp32 weights (CUDA default)",
     )
+    p.add_argument(
+        "--engine-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "auto"],
+        help="periodic_rl's vLLM dtype (default: float32 with fp32, bfloat16 with bf16-mixed)",
+    )
     p.add_argument("--kv-cache-gb", type=float, default=None, help="vLLM KV cache (periodic_rl)")
     p.add_argument("--scan", action="store_true", help="workload scan instead of the main table")
     p.add_argument("--configs", nargs="+", default=None, choices=sorted(CONFIGS))
@@ -142,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # internal: one run
     args = p.parse_args(argv)
     if args.configs is None:
-        args.configs = ["c", "c2", "d"] if args.scan else ["a", "b", "c", "c2", "d"]
+        args.configs = ["c", "c2", "d"] if args.scan else ["a", "b", "c", "c2", "d", "e"]
     if args.repeats is None:
         args.repeats = 1 if args.scan or args.quick else 2
     if args.steps is None:
@@ -200,7 +206,8 @@ def base_settings(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "precision": args.precision,
         "dtype": "float32",  # the trainer's weights; bf16-mixed autocasts the compute
-        "vllm_dtype": "bfloat16" if args.precision == "bf16-mixed" else "float32",
+        "vllm_dtype": args.engine_dtype
+        or ("bfloat16" if args.precision == "bf16-mixed" else "float32"),
         "kv_cache_gb": args.kv_cache_gb,
         "gradient_checkpointing": False,
         "system_words": args.system_words,

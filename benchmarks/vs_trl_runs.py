@@ -27,6 +27,7 @@ CONFIGS = {
     "c": "periodic_rl sync, vLLM, padded",
     "c2": "periodic_rl sync, vLLM, shared-prompt packing",
     "d": "periodic_rl periodic-async, vLLM, packing, pinned 0|1",
+    "e": "periodic_rl, vLLM, packing, worker_cores auto (overlap 0|1 or turn-taking, measured)",
 }
 PRL_SETTINGS = {
     "c": {"overlap": False, "shared_prompt": False, "worker_cores": "all", "trainer_cores": None},
@@ -39,6 +40,17 @@ PRL_SETTINGS = {
         # the library's default: one group per micro-batch, so training starts on the first
         # finished group (the update is the same for any split: tests/test_training_invariants.py)
         "micro_batch_size": "one group",
+    },
+    # the library chooses: one measured iteration overlapped (after one of warm-up), one taking
+    # turns on both cores (after one of warm-up: the worker restarts on its new cores), then the
+    # split its model predicts faster for the rest of the run
+    "e": {
+        "overlap": True,
+        "shared_prompt": True,
+        "worker_cores": "auto",
+        "trainer_cores": None,
+        "micro_batch_size": "one group",
+        "split_after": 1,
     },
 }
 #: Filler for the long-prompt scan points: a system prompt of roughly ``words`` words.
@@ -299,12 +311,13 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         engine_kwargs={
             "max_model_len": config["max_model_len"],
             "kv_cache_gb": config["kv_cache_gb"],
-            "dtype": config["vllm_dtype"],
         },
+        engine_dtype=config["vllm_dtype"],  # float32, bfloat16 or auto
         num_workers=1,
         overlap=placement["overlap"],
         worker_cores=worker_cores,
         trainer_cores=trainer_cores,
+        split_after=placement.get("split_after", 3),
         gpus_per_worker=0.5 if cuda else 0.0,
         device="cuda:0" if cuda else "cpu",
     )
@@ -357,5 +370,16 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         "trainer_affinity": sorted(os.sched_getaffinity(0)),
         "worker_cores": worker_cores,
         "trainer_cores": trainer_cores,
+        "engine_dtype": (
+            strategy.engine_dtype_choice.dtype
+            if strategy.engine_dtype_choice is not None
+            else config["vllm_dtype"]
+        ),
+        "engine_dtype_rates": (
+            strategy.engine_dtype_choice.rates if strategy.engine_dtype_choice is not None else {}
+        ),
+        "split": {
+            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("split/")
+        },
         **gpu_memory(config),
     }
