@@ -22,6 +22,7 @@ import difflib
 import json
 import re
 import statistics
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -60,8 +61,8 @@ SHORT = """\
 completions x at most {R} new tokens per step, {seeds_n}:
 
 - The fastest periodic_rl configuration, ({best}), makes **{best_x}** as many completions per
-  second as TRL's default path (a) (median step; {best_x_mean} from total time). The issue's
-  target, 3x, is {met} at this workload.
+  second as TRL's default path (a) (median step; {best_x_mean} from total time). The 3x
+  target is {met} at this workload.
 - No comparison with TRL: (a) or every periodic_rl configuration is missing.{no_best}
 - Overlapped (d) against synchronous (c2): {d_x} the speed, **{d_verdict}** (median s/step
   {d_s} against {c2_s}).
@@ -137,9 +138,9 @@ periodic_rl runs use `num_val=0` (no held-out evaluation), no progress bar and n
 WHERE = """\
 Measured on {nproc} x {cpu} at commit {commit} (git dirty: {dirty}), {date}.
 
-**Stale: this file is not from the main table's run** (that was commit {main_commit} on
-{main_cpu}). It measured other code or another machine: compare its numbers with the main
-table's only with care, and rerun it to refresh them.{stale}"""
+**Stale: this file is not from the main table's code and machine** (that was commit
+{main_commit} on {main_cpu}). It measured other code or another machine: compare its numbers
+with the main table's only with care, and rerun it to refresh them.{stale}"""
 RESULT = """\
 ## {title} (`{model}`, {P} prompts x G {G}, <= {R} tokens, {steps} steps, {repeats_n})
 
@@ -274,8 +275,27 @@ def provenance(data: dict[str, Any], main: dict[str, Any] | None = None) -> dict
     if main is not None:
         mv = provenance(main)
         v |= {"main_commit": mv["commit"], "main_cpu": mv["cpu"]}
-        v["stale"] = "" if (mv["commit"], mv["cpu"]) != (v["commit"], v["cpu"]) else None
+        same = mv["cpu"] == v["cpu"] and same_measured_code(mv["commit"], v["commit"])
+        v["stale"] = None if same else ""
     return v
+
+
+#: What a vs_trl number depends on: the library and the benchmark's own code.
+MEASURED_CODE = ("src", "benchmarks/vs_trl.py", "benchmarks/vs_trl_runs.py", "benchmarks/common.py")
+
+
+def same_measured_code(commit: str, other: str) -> bool:
+    """Whether two commits hold the same library and benchmark code (a file of documents or
+    results committed between two runs does not make the later one stale)."""
+    if commit == other:
+        return True
+    diff = subprocess.run(
+        ["git", "diff", "--quiet", commit, other, "--", *MEASURED_CODE],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+    )
+    return diff.returncode == 0
 
 
 def fastest(by: dict[str, dict[str, Any]]) -> str | None:
