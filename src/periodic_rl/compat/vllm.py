@@ -130,8 +130,35 @@ def reload_worker_weights(
             model.load_weights = load
         else:
             del model.load_weights
+    refresh_tied_heads(model)
     loaded = report.get("loaded")
     return fed, set(loaded) if loaded is not None else None
+
+
+def refresh_tied_heads(model: torch.nn.Module) -> list[str]:
+    """Rebuild the CPU GEMM of every layer that shares its weight with another and was not
+    re-processed by the reload; returns their names.
+
+    vLLM's CPU backend gives each linear-like layer a ``cpu_linear`` kernel built from its weight
+    after loading (a oneDNN matmul handle, which may hold the weight in its own layout). A tied
+    ``lm_head`` (its weight is the embedding's) receives nothing in an in-place reload, so vLLM
+    leaves its kernel as built from the checkpoint, while the embedding's values change under
+    it: the logits then come, for some batch sizes, from the old weights
+    (``tests/repro_vllm_reload.py``). Relies on vllm 0.32.0 internals: ``cpu_linear`` set by
+    ``UnquantizedEmbeddingMethod.process_weights_after_loading`` on the CPU.
+    """
+    refreshed = []
+    owners: dict[int, str] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.numel() == 0:
+            continue
+        first = owners.setdefault(id(weight), name)
+        method = getattr(module, "quant_method", None)
+        if first != name and hasattr(module, "cpu_linear") and method is not None:
+            method.process_weights_after_loading(module)
+            refreshed.append(name)
+    return refreshed
 
 
 #: The loggers of vLLM's in-place reload, which warn about every weight (and layer) a partial

@@ -1,0 +1,23 @@
+"""A pushed vLLM engine samples like a fresh engine started from the same weights
+(``tests/repro_vllm_reload.py``: a fit changes a tied-embedding model, then both engines
+generate the same seeded requests; tokens and behaviour log-probs must agree)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+
+
+def test_a_pushed_engine_samples_like_a_fresh_one(vllm_slot, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from repro_vllm_reload import main
+
+    vllm_slot.release()  # one in-process engine at a time
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # as vLLM's CPU attention expects
+    assert main([], work=tmp_path) == 0
