@@ -253,7 +253,7 @@ def target_verdict(summary: list[dict[str, Any]]) -> str:
     at least 3x in completions/s; and the overlapped configurations against the synchronous
     one (c2), never slower (medians)."""
     by = {r["config"]: r for r in summary if r["ok"]}
-    ours = [c for c in ("c", "c2", "d", "e") if c in by]
+    ours = [c for c in ("c", "c2", "d", "dl", "e") if c in by]
     lines = []
     if "a" in by and ours:
         best = max(ours, key=lambda c: by[c]["completions_per_s"])
@@ -270,7 +270,7 @@ def target_verdict(summary: list[dict[str, Any]]) -> str:
         )
     else:
         lines.append("target (>= 3x a in completions/s): not measured (a or periodic_rl missing)")
-    for overlapped in ("d", "e"):
+    for overlapped in ("d", "dl", "e"):
         if overlapped in by and "c2" in by:
             ratio = by["c2"]["s_per_step"] / by[overlapped]["s_per_step"]
             verdict = "not slower" if ratio >= 1 else "SLOWER"
@@ -279,6 +279,13 @@ def target_verdict(summary: list[dict[str, Any]]) -> str:
                 f"({verdict}; median s/step {by[overlapped]['s_per_step']:.1f} vs "
                 f"{by['c2']['s_per_step']:.1f})"
             )
+    if "d" in by and "dl" in by:
+        ratio = by["d"]["s_per_step"] / by["dl"]["s_per_step"]
+        lines.append(
+            f"the trainer borrowing the idle worker core (dl) vs not (d): {ratio:.2f}x the speed "
+            f"({'wins' if ratio > 1 else 'does NOT win'}; median s/step "
+            f"{by['dl']['s_per_step']:.1f} vs {by['d']['s_per_step']:.1f})"
+        )
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ CONFIGS = {
     "c": "periodic_rl sync, vLLM, padded",
     "c2": "periodic_rl sync, vLLM, shared-prompt packing",
     "d": "periodic_rl periodic-async, vLLM, packing, pinned 0|1",
+    "dl": "periodic_rl periodic-async, vLLM, packing, pinned 0|1, trainer borrows core 1",
     "e": "periodic_rl, vLLM, packing, worker_cores auto (overlap 0|1 or turn-taking, measured)",
 }
 PRL_SETTINGS = {
@@ -41,15 +42,25 @@ PRL_SETTINGS = {
         # finished group (the update is the same for any split: tests/test_training_invariants.py)
         "micro_batch_size": "one group",
     },
+    # d, and once the worker has generated the iteration the trainer also uses its core for
+    # the last micro-batches and the optimizer step, until the push (lend_idle_cores)
+    "dl": {
+        "overlap": True,
+        "shared_prompt": True,
+        "worker_cores": [[1]],
+        "trainer_cores": [0],
+        "micro_batch_size": "one group",
+        "lend_idle_cores": True,
+    },
     # the library chooses: one measured iteration overlapped (after one of warm-up), one taking
     # turns on both cores (after one of warm-up: the worker restarts on its new cores), then the
-    # split its model predicts faster for the rest of the run
+    # split its model predicts faster for the rest of the run; micro-batches of c2's size
+    # (two groups), so that taking turns it trains exactly as c2 does
     "e": {
         "overlap": True,
         "shared_prompt": True,
         "worker_cores": "auto",
         "trainer_cores": None,
-        "micro_batch_size": "one group",
         "split_after": 1,
     },
 }
@@ -256,6 +267,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     import torch
 
     from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+    from periodic_rl.rollout.controller import LOAN_LANE
     from periodic_rl.rollout.timing import PUSH_NAMES, WAIT_NAMES, summarize
 
     set_threads(config)
@@ -318,6 +330,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         worker_cores=worker_cores,
         trainer_cores=trainer_cores,
         split_after=placement.get("split_after", 3),
+        lend_idle_cores=placement.get("lend_idle_cores", False),
         gpus_per_worker=0.5 if cuda else 0.0,
         device="cuda:0" if cuda else "cpu",
     )
@@ -333,7 +346,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         shuffle=False,
     )
     trainer.fit(module, datamodule=datamodule)
-    gen, train, push, other = [], [], [], []
+    gen, train, push, other, lent = [], [], [], [], []
     for i, version in enumerate(clock.versions):
         spans = strategy.spans.spans(version)
         s = summarize(spans)
@@ -348,6 +361,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         push.append(s["push_time"])
         train.append(s["training_time"] + step)  # overlapped: partly hidden behind generation
         other.append(duration - s["wall_time"])  # outside every span: Lightning, prompt encoding
+        lent.append(sum(x.duration for x in spans if x.lane == LOAN_LANE))
     first = clock.stats[0]
     return {
         "startup_s": clock.begin[0] - began,
@@ -364,6 +378,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         "train_s": train,
         "push_s": push,
         "other_s": other,
+        "cores_lent_s": lent,  # the trainer on the worker's cores too (lend_idle_cores)
         "prompt_tokens": len(first.groups[0].prompt_ids),
         "first_prompt_ids": list(first.groups[0].prompt_ids),
         "torch_threads": torch.get_num_threads(),

@@ -650,6 +650,36 @@ MUTATIONS: list[Mutation] = [
         new="",
         tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
     ),
+    Mutation(
+        name="the trainer borrows the worker's cores before the iteration is generated",
+        file="src/periodic_rl/rollout/controller.py",
+        old="                if lendable and stream.closed:",
+        new="                if lendable:",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_loans_fall_between_generation_and_push_and_change_no_update",
+        ),
+    ),
+    Mutation(
+        name="the borrowed cores are kept through the push",
+        file="src/periodic_rl/rollout/controller.py",
+        old="        self._give_back()  # the workers load the weights, then generate\n",
+        new="",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_loans_fall_between_generation_and_push_and_change_no_update",
+        ),
+    ),
+    Mutation(
+        name="a loan moves the threads but not torch's thread pool",
+        file="src/periodic_rl/rollout/core_loan.py",
+        old="        torch.set_num_threads(len(wide))\n",
+        new="",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_a_loan_widens_the_trainers_threads_and_gives_them_back",
+        ),
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.core_loan import CoreLoan
 from periodic_rl.rollout.device_defaults import (
     PLACEMENT_STRATEGIES,
     PUSH_TRANSPORTS,
@@ -42,6 +43,9 @@ from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.weight_sync.push import PushablePolicy, WeightPusher
 from periodic_rl.weight_sync.snapshot import PolicySnapshot, Snapshotter
+
+#: The timeline lane of :class:`~periodic_rl.rollout.core_loan.CoreLoan`'s loans.
+LOAN_LANE = "trainer cores lent"
 
 #: Groups per worker call of an overlapped iteration unless ``groups_per_call`` is set.
 OVERLAPPED_GROUPS_PER_CALL = 2
@@ -67,6 +71,7 @@ class RolloutOptions:
     worker_resources: dict[str, float] | None = None
     placement_strategy: str = "PACK"
     push_transport: str = "auto"
+    lend_idle_cores: bool = False  # the trainer borrows the pinned workers' cores (core_loan)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -128,6 +133,7 @@ class RolloutController:
         self._resumed: tuple[int, dict[int, PolicySnapshot]] | None = None  # from a checkpoint
         self._submitted: dict[int, list[tuple[list[int], int]]] = {}  # iteration -> jobs
         self._defer_pushes = False  # inner steps of num_iterations > 1
+        self.core_loan = CoreLoan()  # lent between an iteration's generation and its push
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(
@@ -181,6 +187,7 @@ class RolloutController:
         return backend
 
     def shutdown(self) -> None:
+        self._give_back()
         self.close_pipeline()
         if self.backend is not None:
             self.backend.shutdown()
@@ -201,6 +208,7 @@ class RolloutController:
         repin = getattr(self.backend, "repin", None)
         if self.backend is not None and repin is None:
             raise RuntimeError(f"{type(self.backend).__name__} cannot move its workers")
+        self._give_back()
         self.options.worker_cores = [list(cores) for cores in worker_cores]
         if repin is not None:
             repin(self.options.worker_cores)
@@ -217,6 +225,7 @@ class RolloutController:
         :mod:`periodic_rl.weight_sync.gather`); every rank enters it, as its gathers are
         collectives. A failed push raises on every rank.
         """
+        self._give_back()  # the workers load the weights, then generate
         start = time.time()
         outcome: tuple[str, str] | str
         with gathered():
@@ -378,6 +387,7 @@ class RolloutController:
             return
         if ahead:
             raise ValueError("iterations ahead need max_staleness >= 1")
+        self._give_back()  # a failed iteration never reached its push
         self.spans.new_iteration(self.version)
         group_size = max(1, jobs[0].n) if jobs else 1
         ramp = -(-micro_batch_size // group_size) if self.options.overlap else None
@@ -394,12 +404,37 @@ class RolloutController:
             if not self.options.overlap:
                 with self.spans.span("wait", "trainer"):
                     thread.join()  # the synchronous baseline: generate everything, then train
-            yield from self._timed_micro_batches(stream, micro_batch_size)
+            lendable = self._lendable_cores()
+            for groups in self._timed_micro_batches(stream, micro_batch_size):
+                if lendable and stream.closed:  # everything generated: the workers are idle
+                    self._lend(lendable)
+                yield groups
+            if lendable:  # for the optimizer step
+                self._lend(lendable)
             if dynamic is not None:
                 dynamic.report = stream.summary
         finally:
             stream.cancel()  # a no-op once drained; else the producer stops generating
             thread.join()
+
+    def _lendable_cores(self) -> list[int]:
+        """The workers' cores the trainer may borrow once an iteration is generated
+        (``lend_idle_cores``): only with workers pinned to cores of this machine, one training
+        process, and nothing generated ahead; else none."""
+        o = self.options
+        if not (o.lend_idle_cores and o.worker_cores and o.use_ray and o.ray_address is None):
+            return []
+        if self.link.world_size != 1 or o.max_staleness > 0:
+            return []
+        return sorted({c for cores in o.worker_cores for c in cores})
+
+    def _lend(self, cores: list[int]) -> None:
+        self.core_loan.lend(cores)
+
+    def _give_back(self) -> None:
+        lent = self.core_loan.give_back()
+        if lent is not None:  # its own lane: neither training nor waiting in the summary
+            self.spans.add("cores lent", LOAN_LANE, *lent)
 
     def call_size(self, groups: int) -> int | None:
         """Groups per worker call for an iteration of ``groups``: the option when set; else the

@@ -73,6 +73,10 @@ ROLLOUT_ARGS_DOC = """
             training process, local Ray, ``max_staleness: 0``; docs/scaling.md).
         trainer_cores: CPU cores to pin each training process to (with ``worker_cores``, the
             two sides do not fight over cores; chosen by ``worker_cores: auto``).
+        lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
+            machine: once an iteration is generated, the trainer also uses the workers' cores
+            for its last micro-batches and the optimizer step, and gives them back before the
+            weight push (:mod:`periodic_rl.rollout.core_loan`; measured in docs/overlap.md).
         split_after: iterations measured (after one of warm-up) before the run logs its
             generation and training rates and the split that would balance them
             (``split/*`` metrics); with ``worker_cores: auto``, per measured split.
@@ -127,6 +131,7 @@ class RolloutsMixin:
         push_transport: str = "auto",
         async_checkpoints: bool = True,
         split_after: int = 3,
+        lend_idle_cores: bool = False,
         **kwargs: Any,
     ) -> None:
         start: Candidate | None = None
@@ -163,6 +168,7 @@ class RolloutsMixin:
             worker_resources=dict(worker_resources) if worker_resources else None,
             placement_strategy=placement_strategy,
             push_transport=push_transport,
+            lend_idle_cores=lend_idle_cores,
         )
         check_rollout_options(options, trainer_cores)  # installed, engine_kwargs, cores
         if self.atomic_checkpoints:

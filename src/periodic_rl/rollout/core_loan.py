@@ -1,0 +1,103 @@
+"""`CoreLoan`: the trainer borrows the rollout workers' CPU cores while they have nothing to do.
+
+Overlapped on disjoint cores, a worker that has generated its share of an iteration sits idle
+until the next weight push, while the trainer still back-propagates the last micro-batches and
+steps the optimizer on its own cores. A loan moves the trainer's threads onto the workers'
+cores as well (and sizes torch's thread pool to match) from the moment the iteration's
+generation is complete; :meth:`CoreLoan.give_back` returns them before the push, when the
+workers load the new weights and then generate the next iteration. The update is the same
+either way (the same operations, on more threads).
+
+Only the threads that ran on the trainer's cores when the loan began move (and those started
+during the loan on the widened set, such as new OpenMP workers): a thread that chose its own
+cores (a background checkpoint writer allowed on every core) keeps them. Thread counts must be
+set from the thread that runs the training (OpenMP's thread count is per thread), so both
+calls belong on that thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = ["CoreLoan"]
+
+
+def _thread_ids() -> set[int]:
+    return {int(entry) for entry in os.listdir("/proc/self/task")}
+
+
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:  # the thread ended meanwhile
+        return None
+
+
+def _move(tids: Iterable[int], cores: set[int]) -> None:
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            continue
+
+
+@dataclass
+class CoreLoan:
+    """Lends the workers' cores to this (training) process between generation and the push.
+
+    ``lent_s``: seconds the cores were lent in all, ``loans``: loans made (for metrics and
+    tests); ``own``: the trainer's cores while a loan is out (``None`` otherwise).
+    Times are ``time.time()`` seconds, like the spans of :mod:`periodic_rl.rollout.timing`.
+    """
+
+    lent_s: float = 0.0
+    loans: int = 0
+    own: set[int] | None = None
+    _moved: set[int] = field(default_factory=set)
+    _before: set[int] = field(default_factory=set)
+    _since: float = 0.0
+
+    @property
+    def lent(self) -> bool:
+        return self.own is not None
+
+    def lend(self, worker_cores: Iterable[int]) -> bool:
+        """Widen this process to its own cores plus ``worker_cores`` (the workers must be done
+        generating until :meth:`give_back`). Returns whether a loan began: not when one is
+        out already, nor when the trainer already runs on every one of those cores."""
+        if self.lent:
+            return False
+        own = os.sched_getaffinity(0)
+        wide = own | {int(c) for c in worker_cores}
+        if wide == own:
+            return False
+        import torch
+
+        self._before = _thread_ids()
+        self._moved = {t for t in self._before if _affinity(t) == own}
+        _move(self._moved, wide)
+        os.sched_setaffinity(0, wide)
+        torch.set_num_threads(len(wide))
+        self.own, self._since = own, time.time()
+        self.loans += 1
+        return True
+
+    def give_back(self) -> tuple[float, float] | None:
+        """Back onto the trainer's own cores; the loan's ``(start, end)``, or ``None`` (and
+        nothing done) without a loan out."""
+        if self.own is None:
+            return None
+        import torch
+
+        own, wide = self.own, os.sched_getaffinity(0)
+        started = {t for t in _thread_ids() - self._before if _affinity(t) == wide}
+        _move(self._moved | started, own)
+        os.sched_setaffinity(0, own)
+        torch.set_num_threads(len(own))
+        end = time.time()
+        self.lent_s += end - self._since
+        self.own, self._moved, self._before = None, set(), set()
+        return self._since, end
