@@ -1,9 +1,12 @@
 """The split advisor's windows: warm-up skipped, one window logged, or with ``auto`` the other
-mode tried and the fitted choice applied; on spans written by hand (no Ray)."""
+mode tried and the fitted choice applied, or a cached split measured without switching; on
+spans written by hand (no Ray)."""
 
 import pytest
 
+from periodic_rl.rollout.hardware_split import SplitModel
 from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, starting_split
+from periodic_rl.rollout.split_cache import SplitCache, read_cache
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 
 
@@ -62,3 +65,56 @@ def test_auto_needs_a_core_for_each_side():
         starting_split((0, 1), 2, True)
     with pytest.raises(ValueError, match="use_ray: true"):
         auto_start(1, False, False, None, None, 0, None)
+
+
+def test_cached_mode_measures_one_window_and_never_switches():
+    """A cached turn-taking split, although overlap measures much faster: logged, not moved."""
+    recorder = SpanRecorder()
+    cached = starting_split((0, 1), 1, False)
+    model = SplitModel(0.0, 0.0, min_gain=0.0)
+    advisor = SplitAdvisor(cached, (0, 1), 1, window=2, model=model, cached=True)
+    record(recorder, 0, 9.0, 9.0, False)  # warm-up
+    record(recorder, 1, 4.0, 4.0, False)
+    assert advisor.step(recorder) is None
+    record(recorder, 2, 4.0, 4.0, False)
+    step = advisor.step(recorder)
+    assert step.final and step.cached and step.apply is None
+    assert step.plan.chosen.overlap  # the advice differs; it is only logged
+    assert step.metrics()["split/cached"] == 1.0 and step.metrics()["split/applied"] == 0.0
+    for i in range(3, 8):
+        record(recorder, i, 4.0, 4.0, False)
+        assert advisor.step(recorder) is None
+    assert len(advisor.steps) == 1 and advisor.current is cached
+    with pytest.raises(ValueError, match="measured, not explored"):
+        SplitAdvisor(cached, (0, 1), 1, auto=True, cached=True)
+
+
+def test_a_miss_remembers_the_final_choice_and_the_next_run_starts_on_it(tmp_path):
+    """As the strategy does: an exploring run writes its final step's choice; a run with the
+    same key reads it back and, in cached mode, measures it without switching."""
+    path, key = tmp_path / "hardware_split.json", {"run": "same"}
+    miss = SplitCache(path, key, read_cache(path, key))
+    assert miss.hit is None
+    recorder = SpanRecorder()
+    advisor = SplitAdvisor(starting_split((0, 1), 1, True), (0, 1), 1, window=1, auto=True)
+    record(recorder, 0, 9.0, 9.0, True)
+    record(recorder, 1, 4.0, 2.0, True)
+    first = advisor.step(recorder)
+    assert not first.final and first.metrics()["split/cached"] == 0.0
+    record(recorder, 2, 9.0, 9.0, False)
+    record(recorder, 3, 4.0, 2.0, False)
+    final = advisor.step(recorder)
+    assert final.final
+    written = miss.remember(final, advisor.windows)
+    hit = SplitCache(path, key, read_cache(path, key)).hit
+    assert hit == written and hit.split == final.plan.chosen and hit.split.overlap
+    assert hit.model == final.model and list(hit.windows) == advisor.windows
+    assert hit.date[:4].isdigit()
+
+    again = SpanRecorder()
+    cached = SplitAdvisor(hit.split, (0, 1), 1, window=1, model=hit.model, cached=True)
+    for i in range(6):
+        record(again, i, 4.0, 2.0, True)
+        step = cached.step(again)
+        assert step is None or (step.apply is None and step.cached)
+    assert len(cached.steps) == 1 and cached.current.same_split(final.plan.chosen)

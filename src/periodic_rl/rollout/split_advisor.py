@@ -14,6 +14,9 @@ switch to before the next iteration:
 2. the second window fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`)
    and the final plan is applied if it differs from the split running.
 
+With ``cached`` (a split an earlier run chose, :mod:`~periodic_rl.rollout.split_cache`), one
+window of it is measured and logged, and nothing is explored or switched.
+
 Switching changes no number of the run: overlapped and synchronous iterations compute the same
 update, and the restarted workers load the weights they held.
 """
@@ -111,13 +114,17 @@ def log_only_advisor(
 @dataclass(frozen=True)
 class SplitStep:
     """What one measured window says: its rates, the plan (CPU) or GPU advice, and the split
-    to apply before the next iteration (``None``: keep the current one)."""
+    to apply before the next iteration (``None``: keep the current one); ``model``: the knobs
+    the plan was made with (fitted to the windows so far); ``cached``: the split running came
+    from the cache (measured, not explored)."""
 
     rates: MeasuredRates
     plan: SplitPlan | None
     gpus: GpuAdvice | None
     apply: Candidate | None
     final: bool
+    model: SplitModel | None = None
+    cached: bool = False
 
     @property
     def reason(self) -> str:
@@ -141,6 +148,7 @@ class SplitStep:
                 f"{prefix}worker_cores": float(sum(len(c) for c in chosen.worker_cores)),
                 f"{prefix}predicted_s": chosen.predicted_s,
                 f"{prefix}applied": float(self.apply is not None),
+                f"{prefix}cached": float(self.cached),
             }
         if self.gpus is not None:
             out |= {
@@ -164,6 +172,8 @@ class SplitAdvisor:
         gpus: on GPUs, ``(trainer GPUs, GPUs per worker)`` (whole GPUs): the advice is about
             GPUs (``cores`` is then ``None``; with neither, only the rates are reported).
         model: the model's starting knobs (efficiencies assumed until measured).
+        cached: ``current`` is a split an earlier run chose: one window is measured and
+            logged (``split/cached``), nothing explored or applied (not with ``auto``).
     """
 
     def __init__(
@@ -175,13 +185,16 @@ class SplitAdvisor:
         auto: bool = False,
         gpus: tuple[int, int] | None = None,
         model: SplitModel | None = None,
+        cached: bool = False,
     ) -> None:
         if window < 1:
             raise ValueError(f"the measured window must be >= 1 iteration, got {window}")
         if auto and cores is None:
             raise ValueError("the split is applied on CPU cores only")
+        if cached and auto:
+            raise ValueError("a cached split is measured, not explored: auto must be off")
         self.current, self.cores, self.num_workers = current, cores, num_workers
-        self.window, self.auto, self.gpus = window, auto, gpus
+        self.window, self.auto, self.gpus, self.cached = window, auto, gpus, cached
         self.model = model or SplitModel()
         self.windows: list[MeasuredRates] = []
         self.steps: list[SplitStep] = []
@@ -218,7 +231,7 @@ class SplitAdvisor:
         plan = choose_split(rates, self.cores, self.num_workers, model, self.current)
         if not self.auto:
             self.done = True
-            return SplitStep(rates, plan, None, None, True)
+            return SplitStep(rates, plan, None, None, True, model, self.cached)
         if len(self.windows) == 1:  # measure the other mode before choosing
             target = next(c for c in plan.candidates if c.overlap != self.current.overlap)
         else:
@@ -227,4 +240,4 @@ class SplitAdvisor:
         apply = None if target.same_split(self.current) else target
         if apply is not None:
             self.current, self._phase_start = apply, position
-        return SplitStep(rates, plan, None, apply, self.done)
+        return SplitStep(rates, plan, None, apply, self.done, model)
