@@ -36,6 +36,7 @@ from periodic_rl.rollout.processes import repin_threads
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
 from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, log_only_advisor
+from periodic_rl.rollout.split_cache import SplitCache, workload_of
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 
@@ -70,7 +71,9 @@ ROLLOUT_ARGS_DOC = """
         worker_cores: CPU cores to pin each worker to (one list per worker), or ``auto``:
             start overlapped with the trainer on the first core and the workers on the rest,
             measure, try turn-taking on all cores, then keep the faster split (CPU, one
-            training process, local Ray, ``max_staleness: 0``; docs/scaling.md).
+            training process, local Ray, ``max_staleness: 0``; docs/scaling.md). The choice is
+            remembered per machine and workload (``~/.cache/periodic_rl/hardware_split.json``,
+            or ``$PERIODIC_RL_SPLIT_CACHE``): the next such run starts on it, exploring nothing.
         trainer_cores: CPU cores to pin each training process to (with ``worker_cores``, the
             two sides do not fight over cores; chosen by ``worker_cores: auto``).
         lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
@@ -190,6 +193,19 @@ class RolloutsMixin:
         pending = self.engine_dtype_pending
         if pending and self.global_rank == 0:  # type: ignore[attr-defined]
             self._resolve_engine_dtype(trainer)  # before the trainer pins its cores
+        self.split_cache: SplitCache | None = None
+        if self.split_start is not None:  # start on the split a run of this workload chose
+            options = self.rollouts.options
+            self.split_cache = SplitCache.open(
+                self._machine_cores, options.num_workers, self.lightning_module.model_path,
+                workload_of(self.lightning_module, trainer, options),
+            )  # fmt: skip
+            hit = self.split_cache.hit
+            if hit is not None:
+                self.split_start, self.trainer_cores = hit.split, list(hit.split.trainer_cores)
+                options.overlap = hit.split.overlap
+                options.worker_cores = [list(cores) for cores in hit.split.worker_cores]
+                log.info("hardware split: cached from %s: %s", hit.date, hit.describe())
         if self.trainer_cores:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
@@ -222,6 +238,11 @@ class RolloutsMixin:
             self.trainer_cores = list(step.apply.trainer_cores)
             self.rollouts.options.overlap = step.apply.overlap  # read at each iteration's start
             self.rollouts.set_worker_cores([list(cores) for cores in step.apply.worker_cores])
+        if step.final and self.split_cache is not None:  # worker_cores: auto
+            if self.split_cache.hit is None:
+                self.split_cache.remember(step, self.split_advisor.windows)
+            else:
+                self.split_cache.check(step)
 
     def _resolve_engine_dtype(self, trainer: Any) -> None:
         """``engine_dtype: auto`` (:mod:`periodic_rl.rollout.engine_dtype`), measured on the
@@ -259,10 +280,11 @@ class RolloutsMixin:
         if self.rollouts.link.rank != 0 or not options.use_ray:
             return None
         if self.split_start is not None:
-            cores = self._machine_cores
+            hit = self.split_cache.hit if self.split_cache is not None else None
             return SplitAdvisor(
-                self.split_start, cores, options.num_workers, self.split_after, True
-            )
+                self.split_start, self._machine_cores, options.num_workers, self.split_after,
+                auto=hit is None, model=hit.model if hit else None, cached=hit is not None,
+            )  # fmt: skip
         devices = getattr(self, "parallel_devices", None) or [self.root_device]  # type: ignore[attr-defined]
         return log_only_advisor(
             options, self.trainer_cores, self._machine_cores, self.rollout_settings,
