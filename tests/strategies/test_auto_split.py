@@ -1,6 +1,6 @@
 """The measured hardware split in a run: logged after a window, applied with
 ``worker_cores: auto`` (trainer re-pinned, overlap switched, workers restarted on new cores)
-without changing any number of the run.
+without changing any number of the run, and remembered: the next run starts on the choice.
 
 Real Ray actors with the transformers engine on a tiny model; each run pins this test process
 (the trainer), so its cores and torch threads are restored after every test.
@@ -16,7 +16,7 @@ from rl_helpers import assert_same_update, train
 
 from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.cli import main
-from periodic_rl.rollout import split_advisor
+from periodic_rl.rollout import split_advisor, split_cache
 from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.rollout.hardware_split import SplitModel
 
@@ -29,6 +29,14 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def split_cache_file(tmp_path, monkeypatch):
+    """Each test its own split cache: a run here never starts on a choice of another."""
+    path = tmp_path / "hardware_split.json"
+    monkeypatch.setenv(split_cache.CACHE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -45,11 +53,12 @@ def _strategy(**kwargs) -> dict:
 
 @needs_two_cores
 def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
-    tiny_llama_path, local_ray, monkeypatch, caplog
+    tiny_llama_path, local_ray, monkeypatch, caplog, split_cache_file
 ):
     """Overlapped on 1 + 1 cores (iterations 0-1), turn-taking on both cores (2-3), then back to
     overlap (4, the fit forced to favour it): the same update as a run pinned throughout, and
-    each side really moved."""
+    each side really moved. The choice is remembered: a second run with the same cache (told
+    to start turn-taking) starts on it, measures it once and moves nothing."""
     monkeypatch.setattr(
         split_advisor, "fit_model", lambda windows, base: SplitModel(0.0, 0.0, min_gain=0.0)
     )
@@ -88,6 +97,25 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     assert metrics["split/generation_s"] > 0 and metrics["split/training_s"] > 0
     lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
     assert len(lines) == 2 and all("applying it" in line for line in lines)
+    assert metrics["split/cached"] == 0.0 and split_cache_file.exists()
+
+    caplog.clear()
+    os.sched_setaffinity(0, CORES)
+    with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
+        again = train(
+            tiny_llama_path, steps=3, strategy=_strategy(worker_cores="auto", overlap=False)
+        )
+    assert len(moves) == 2  # no switch
+    strategy = again[2]
+    assert strategy.split_start.same_split(steps[-1].plan.chosen)
+    assert (strategy.rollouts.options.overlap, strategy.trainer_cores) == (True, [first])
+    assert strategy.rollouts.options.worker_cores == [rest]
+    assert sorted(os.sched_getaffinity(0)) == [first]
+    (step,) = strategy.split_advisor.steps
+    assert step.cached and step.apply is None and step.rates.overlap
+    assert again[1].trainer.callback_metrics["split/cached"] == 1.0
+    lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
+    assert lines[0].startswith("hardware split: cached from ") and "applying" not in lines[1]
 
 
 @pytest.mark.parametrize(
