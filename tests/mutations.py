@@ -606,6 +606,16 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="worker_cores auto ignores the cached split (starts on the default one)",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="            if hit is not None:\n",
+        new="            if False:\n",
+        tests=(
+            "tests/strategies/test_auto_split.py::"
+            "test_auto_split_switches_twice_and_trains_as_a_fixed_split",
+        ),
+    ),
+    Mutation(
         name="a removal queued between two saves of one state stops the snapshot sharing",
         file="src/periodic_rl/checkpoint.py",
         old="        pending = next((snap for _, snap in reversed(self._pending) "
