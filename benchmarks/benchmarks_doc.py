@@ -34,7 +34,7 @@ from vs_trl_report import breakdown_table, main_tables, scan_table, speedup  # n
 from vs_trl_runs import CONFIGS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
-OURS = ("c", "c2", "d", "e")  # periodic_rl's configurations
+OURS = ("c", "c2", "d", "dl", "e")  # periodic_rl's configurations
 WHAT = {  # what each letter means (the JSON holds only the short labels)
     "a": "TRL `GRPOTrainer` ({trl}), its default generation (transformers `generate`), "
     "`use_cpu=True`",
@@ -44,16 +44,21 @@ WHAT = {  # what each letter means (the JSON holds only the short labels)
     "c2": "(c') as c, with `shared_prompt=True`: packing without overlap",
     "d": "periodic_rl `overlap=True`, `shared_prompt=True`, `trainer_cores=[0]`, "
     "`worker_cores=[[1]]`, one-group micro-batches (the library default)",
-    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`: one measured iteration overlapped "
+    "dl": "as d, with `lend_idle_cores=True`: once the worker has generated the iteration, the "
+    "trainer also runs on core 1 (its last micro-batches, the optimizer step) until the push",
+    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`, c2's micro-batch size: one measured "
+    "iteration overlapped "
     "(trainer core 0, worker core 1), one taking turns on both cores (the worker restarts on its "
     "new cores), then the split its model predicts faster for the rest of the run; the first "
-    "step and each step after a switch include a worker restart",
+    "step and each step after a switch include a worker restart; the choice is cached (a fresh "
+    "cache per invocation: the first e run explores, the later ones start on its choice)",
 }
 CORES = {  # how each configuration uses the machine's cores
     "a": "torch on all cores",
     "c": "the trainer on all cores, then the vLLM worker pinned to all cores (they take turns)",
     "c2": "as c",
     "d": "one core each (trainer 0, worker 1), at the same time",
+    "dl": "as d, and both to the trainer from the end of each iteration's generation to the push",
     "e": "chosen by `auto` in each run: one core each at the same time, or all in turn",
 }
 SHORT = """\
@@ -68,6 +73,8 @@ completions x at most {R} new tokens per step, {seeds_n}:
   {d_s} against {c2_s}).
 - Overlapped (e) against synchronous (c2): {e_x} the speed, **{e_verdict}** (median s/step
   {e_s} against {c2_s}).
+- The trainer borrowing the idle worker core (dl) against not (d): {dl_vs_d} the speed
+  (median s/step {dl_s} against {d_s}).
 - What `worker_cores: auto` (e) settled on in each run: {e_choices}.
 - Rewards, the mean over the steps: {reward}.
 - With `--precision {bf16_precision} --engine-dtype {bf16_vllm_dtype}`{bf16_stale}:
@@ -427,6 +434,8 @@ def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str,
                 f"{o}_x": f"{ratio:.2f}x",
                 f"{o}_verdict": "not slower" if ratio >= 1 else "slower",
             }
+    if "d" in by and "dl" in by:
+        v["dl_vs_d"] = f"{by['d']['s_per_step'] / by['dl']['s_per_step']:.2f}x"
     if "d" in by and "c2" in by:
         d = by["d"]
         v["d_bound"] = f"{max(d['generate_s'], d['train_s']) + d['push_s']:.1f}"

@@ -10,6 +10,12 @@ configuration; runs are interleaved a, b, c, d, a, b, c, d, ... over ``--repeats
     c2     (c') periodic_rl synchronous with ``shared_prompt=True`` (packing, no overlap)
     d      periodic_rl periodic-async: ``overlap=True``, ``shared_prompt=True``, trainer pinned to
            core 0 and the vLLM worker to core 1
+    dl     d with ``lend_idle_cores=True``: once the worker has generated the iteration, the
+           trainer also runs on core 1 until the push
+    e      periodic_rl ``worker_cores: auto`` (``split_after: 1``), c2's micro-batch size: it
+           measures overlap on 0|1 and turn-taking on both cores, then keeps the faster; its
+           choice is cached (a fresh cache per invocation of this script: the first e run
+           explores, the later ones start on its choice)
 
 What is held equal: the model, the prompts of every optimizer step (the first
 ``steps x prompts`` rows of ``builtin:arithmetic``'s train split, in order, chat-templated by the
@@ -241,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average before: {load_before['load_average']}")
     began = time.time()
     workdir = Path(tempfile.mkdtemp(prefix="prl-vs-trl-"))
+    # worker_cores: auto (e) remembers its choice per machine and workload: a fresh cache per
+    # invocation, so that its first run measures and chooses and the later runs start on that
+    os.environ["PERIODIC_RL_SPLIT_CACHE"] = str(workdir / "hardware_split.json")
     try:
         model_path = args.model or prepare_model(args.quick, workdir)
         if args.scan:
