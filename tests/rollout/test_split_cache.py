@@ -11,6 +11,7 @@ import pytest
 from transformers import LlamaConfig
 
 from periodic_rl.rollout import split_cache
+from periodic_rl.rollout.controller import RolloutOptions
 from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
 from periodic_rl.rollout.split_advisor import SplitStep
 from periodic_rl.rollout.split_cache import (
@@ -86,6 +87,7 @@ def test_key_is_stable_and_names_machine_model_workload_and_versions(model_dir):
         {"workload": {"precision": "bf16-mixed"}},
         {"workload": {"engine_kwargs": {"dtype": "bfloat16"}}},
         {"workload": {"training": {"dtype": "float32", "lora": {"r": 8}}}},
+        {"workload": {"lend_idle_cores": True}},
     ],
 )
 def test_another_machine_or_workload_gets_another_key(model_dir, change):
@@ -112,9 +114,9 @@ def test_workload_of_a_run():
     trainer = SimpleNamespace(
         precision="32-true", datamodule=SimpleNamespace(hparams={"batch_size": 2})
     )
-    options = SimpleNamespace(engine="hf", engine_kwargs={"dtype": "float32"}, groups_per_call=1)
+    options = RolloutOptions(engine="hf", engine_kwargs={"dtype": "float32"}, groups_per_call=1)
     assert workload_of(module, trainer, options) == Workload(
-        4, 2, 16, 4, "32-true", "hf", {"dtype": "float32"}, 1, {"dtype": "float32"}
+        4, 2, 16, 4, "32-true", "hf", {"dtype": "float32"}, 1, {"dtype": "float32"}, False
     )  # the seed changes no speed: not in the key
 
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from periodic_rl.rollout.controller import RolloutOptions
 from periodic_rl.rollout.engine_dtype import cpu_fields, model_shape, package_version
 from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
 from periodic_rl.rollout.split_advisor import SplitStep
@@ -56,7 +57,8 @@ class Workload:
     """What one iteration asks of each side, as far as it changes how long the side works: the
     group size and groups per iteration, the completion cap, the micro-batch, the trainer's
     precision and further hyperparameters (:data:`TRAINING_HPARAMS`), the rollout engine with
-    its kwargs (the resolved ``dtype`` among them) and the groups per call."""
+    its kwargs (the resolved ``dtype`` among them), the groups per call, and whether the trainer
+    borrows the workers' idle cores (``lend_idle_cores`` shortens an overlapped iteration)."""
 
     num_generations: int | None
     prompts_per_iteration: int | None
@@ -67,9 +69,10 @@ class Workload:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     groups_per_call: int | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    lend_idle_cores: bool = False
 
 
-def workload_of(module: Any, trainer: Any, options: Any) -> Workload:
+def workload_of(module: Any, trainer: Any, options: RolloutOptions) -> Workload:
     """The :class:`Workload` of a run, from its LightningModule (``hparams``), its Trainer
     (``precision``, the datamodule's ``batch_size``) and its ``RolloutOptions``."""
     hparams = dict(getattr(module, "hparams", None) or {})
@@ -85,6 +88,7 @@ def workload_of(module: Any, trainer: Any, options: Any) -> Workload:
         engine_kwargs=dict(options.engine_kwargs or {}),
         groups_per_call=options.groups_per_call,
         training={k: hparams[k] for k in TRAINING_HPARAMS if k in hparams},
+        lend_idle_cores=options.lend_idle_cores,
     )
 
 
