@@ -334,7 +334,8 @@ def split_choice(run: dict[str, Any]) -> str:
         return f"seed {seed}: no split recorded"
     how = "overlapped" if s["split/overlap"] >= 0.5 else "taking turns"
     t, w = s.get("split/trainer_cores", 0), s.get("split/worker_cores", 0)
-    return f"seed {seed}: {how} (trainer {t:.0f}, worker {w:.0f} cores)"
+    source = ", from the cache" if s.get("split/cached", 0) >= 0.5 else ", measured"
+    return f"seed {seed}: {how} (trainer {t:.0f}, worker {w:.0f} cores{source})"
 
 
 def dtype_used(data: dict[str, Any]) -> str | None:
