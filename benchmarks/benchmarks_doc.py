@@ -43,8 +43,10 @@ WHAT = {  # what each letter means (the JSON holds only the short labels)
     "`shared_prompt=False`",
     "c2": "(c') as c, with `shared_prompt=True`: packing without overlap",
     "d": "periodic_rl `overlap=True`, `shared_prompt=True`, `trainer_cores=[0]`, "
-    "`worker_cores=[[1]]`, one-group micro-batches (the library default)",
-    "dl": "as d, with `lend_idle_cores=True`: once the worker has generated the iteration, the "
+    "`worker_cores=[[1]]`, one-group micro-batches (the library default), "
+    "`lend_idle_cores=False` (each side on its own core throughout)",
+    "dl": "as d, with `lend_idle_cores=True` (the library's default from 2026-12-04 on): once "
+    "the worker has generated the iteration, the "
     "trainer also runs on core 1 (its last micro-batches, the optimizer step) until the push",
     "e": "periodic_rl `worker_cores: auto`, `split_after: 1`, c2's micro-batch size: one measured "
     "iteration overlapped "

@@ -9,9 +9,9 @@ configuration; runs are interleaved a, b, c, d, a, b, c, d, ... over ``--repeats
            ``shared_prompt=False`` (padded training forward, like TRL's)
     c2     (c') periodic_rl synchronous with ``shared_prompt=True`` (packing, no overlap)
     d      periodic_rl periodic-async: ``overlap=True``, ``shared_prompt=True``, trainer pinned to
-           core 0 and the vLLM worker to core 1
-    dl     d with ``lend_idle_cores=True``: once the worker has generated the iteration, the
-           trainer also runs on core 1 until the push
+           core 0 and the vLLM worker to core 1, ``lend_idle_cores=False``
+    dl     d with ``lend_idle_cores=True`` (the default): once the worker has generated the
+           iteration, the trainer also runs on core 1 until the push
     e      periodic_rl ``worker_cores: auto`` (``split_after: 1``), c2's micro-batch size: it
            measures overlap on 0|1 and turn-taking on both cores, then keeps the faster; its
            choice is cached (a fresh cache per invocation of this script: the first e run

@@ -41,6 +41,7 @@ PRL_SETTINGS = {
         # the library's default: one group per micro-batch, so training starts on the first
         # finished group (the update is the same for any split: tests/test_training_invariants.py)
         "micro_batch_size": "one group",
+        "lend_idle_cores": False,  # each side on its own core throughout
     },
     # d, and once the worker has generated the iteration the trainer also uses its core for
     # the last micro-batches and the optimizer step, until the push (lend_idle_cores)
@@ -330,7 +331,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         worker_cores=worker_cores,
         trainer_cores=trainer_cores,
         split_after=placement.get("split_after", 3),
-        lend_idle_cores=placement.get("lend_idle_cores", False),
+        lend_idle_cores=placement.get("lend_idle_cores", True),  # the library's default
         gpus_per_worker=0.5 if cuda else 0.0,
         device="cuda:0" if cuda else "cpu",
     )

@@ -69,7 +69,7 @@ class Workload:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     groups_per_call: int | None = None
     training: dict[str, Any] = field(default_factory=dict)
-    lend_idle_cores: bool = False
+    lend_idle_cores: bool = True
 
 
 def workload_of(module: Any, trainer: Any, options: RolloutOptions) -> Workload:

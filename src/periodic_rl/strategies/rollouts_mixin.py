@@ -79,7 +79,8 @@ ROLLOUT_ARGS_DOC = """
         lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
             machine: once an iteration is generated, the trainer also uses the workers' cores
             for its last micro-batches and the optimizer step, and gives them back before the
-            weight push (:mod:`periodic_rl.rollout.core_loan`; measured in docs/overlap.md).
+            weight push (:mod:`periodic_rl.rollout.core_loan`; 1.07x per step where measured,
+            docs/overlap.md). ``False``: each side keeps to its own cores throughout.
         split_after: iterations measured (after one of warm-up) before the run logs its
             generation and training rates and the split that would balance them
             (``split/*`` metrics); with ``worker_cores: auto``, per measured split.
@@ -134,7 +135,7 @@ class RolloutsMixin:
         push_transport: str = "auto",
         async_checkpoints: bool = True,
         split_after: int = 3,
-        lend_idle_cores: bool = False,
+        lend_idle_cores: bool = True,
         **kwargs: Any,
     ) -> None:
         start: Candidate | None = None
