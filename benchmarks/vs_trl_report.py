@@ -291,7 +291,8 @@ def target_verdict(summary: list[dict[str, Any]]) -> str:
 
 def scan_table(points: list[dict[str, Any]], configs: list[str]) -> str:
     headers = ["workload", "prompt tokens", *[f"({c}) s/step" for c in configs]]
-    headers += ["packing c->c2", "overlap c2->d", "all a->d"]
+    overlapped = [c for c in ("d", "dl", "e") if c in configs] or ["d"]
+    headers += ["packing c->c2", *[f"overlap c2->{o}" for o in overlapped], "all a->d"]
     rows = []
     for point in points:
         by = {r["config"]: r for r in point["summary"] if r["ok"]}
@@ -300,7 +301,8 @@ def scan_table(points: list[dict[str, Any]], configs: list[str]) -> str:
         tokens = next((r.get("prompt_tokens") for r in point["runs"] if r.get("ok")), None)
         rows.append(
             [point["name"], fmt(tokens, ".0f"), *cells]
-            + [speedup(by, "c", "c2"), speedup(by, "c2", "d"), speedup(by, "a", "d")]
+            + [speedup(by, "c", "c2"), *[speedup(by, "c2", o) for o in overlapped]]
+            + [speedup(by, "a", "d")]
         )
     return markdown_table(headers, rows)
 
