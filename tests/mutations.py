@@ -690,6 +690,13 @@ MUTATIONS: list[Mutation] = [
             "test_a_loan_widens_the_trainers_threads_and_gives_them_back",
         ),
     ),
+    Mutation(
+        name="AdamW not fused on the CPU (torch's slower per-operation loop)",
+        file="src/periodic_rl/optim.py",
+        old="fused=fused_supported(params) or None,",
+        new="fused=None,",
+        tests=("tests/test_optimizers.py::test_constant_by_default",),
+    ),
 ]
 
 

@@ -7,11 +7,13 @@ import sys
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.loggers import CSVLogger
 from rl_helpers import length_reward
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.cli import main
+from periodic_rl.optim import fused_supported
 
 LR = 1e-2
 
@@ -90,6 +92,45 @@ def test_warmup_ratio_linear_and_floor(tiny_llama_path, tmp_path):
 def test_constant_by_default(tiny_llama_path, tmp_path):
     trainer, rates = fit(tmp_path, tiny_llama_path, 2)
     assert rates == [LR, LR] and trainer.lr_scheduler_configs == []
+    # torch's fused AdamW kernel on the CPU: it updates each tensor in one pass (~5x faster)
+    optimizer = trainer.optimizers[0]
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
+    assert all(s["step"].item() == 2 for s in optimizer.state.values())
+
+
+def test_fused_only_where_torch_has_the_kernel():
+    plain = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    assert fused_supported(plain)
+    assert not fused_supported([])
+    assert not fused_supported(plain + [torch.nn.Parameter(torch.zeros(3, device="meta"))])
+
+    class Sharded(torch.Tensor):  # a tensor subclass, as FSDP2's DTensor is
+        pass
+
+    assert not fused_supported(plain + [torch.zeros(3).as_subclass(Sharded)])
+
+
+def test_fused_update_matches_the_reference_loop():
+    """The fused kernel is the same AdamW: from the same state and gradients, it lands where
+    torch's per-tensor loop does (to float32 rounding), over steps and a resumed state."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(7)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(4)]
+    results = []
+    for fused in (True, False):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=fused)
+        for step, step_grads in enumerate(grads):
+            if step == 2:  # a resume: the state as a checkpoint holds it, into a fresh optimizer
+                state = optimizer.state_dict()
+                optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=fused)
+                optimizer.load_state_dict(state)
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        results.append([p.detach() for p in params])
+    for fused_p, loop_p in zip(*results, strict=True):
+        torch.testing.assert_close(fused_p, loop_p, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """The optimizer and learning-rate schedule of :class:`~periodic_rl.RLModule`.
 
-AdamW over the trainable parameters, with one of transformers' schedules
+AdamW over the trainable parameters (torch's fused kernel where every parameter allows it: one
+pass over each tensor instead of one per arithmetic operation, ~5x faster on the CPU for a 135M
+model; transformers' ``adamw_torch_fused`` default), with one of transformers' schedules
 (``transformers.get_scheduler``: ``linear``, ``cosine``, ``cosine_with_min_lr``,
 ``constant_with_warmup``, ``polynomial``, ...), the ones TRL's ``lr_scheduler_type`` names. The
 number of training steps is Lightning's ``trainer.estimated_stepping_batches`` (``max_steps``,
@@ -51,12 +53,32 @@ def check_schedule(
         raise ValueError("lr_scheduler_kwargs must be a dict, or null")
 
 
+def fused_supported(params: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW takes every one of ``params``: plain floating-point tensors
+    on a device it has fused kernels for. Tensor subclasses (FSDP2's ``DTensor``) and meta
+    tensors keep torch's default implementation."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    devices = _get_fused_kernels_supported_devices()
+    return bool(params) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter)
+        and p.is_floating_point()
+        and p.device.type in devices
+        for p in params
+    )
+
+
 def configure_optimizers(module: Any) -> Any:
     """AdamW over the policy's trainable parameters, and the schedule when it is not constant
     (a constant rate needs no scheduler, and old checkpoints hold none)."""
     h = module.hparams
     params = [p for p in module.policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=h.learning_rate, weight_decay=h.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=h.learning_rate,
+        weight_decay=h.weight_decay,
+        fused=fused_supported(params) or None,  # None: torch's own choice (foreach or a loop)
+    )
     name = h.lr_scheduler
     if name == "constant":
         return optimizer
