@@ -120,3 +120,23 @@ def vllm_slot() -> Iterator[VLLMSlot]:
 def vllm_tiny(vllm_slot, vllm_tiny_path) -> Any:
     """The session's in-process vLLM engine on the tiny model."""
     return vllm_slot.get(vllm_tiny_path)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray of 2 CPUs for the module's tests, without dashboard or driver logs."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def restore_trainer_cores() -> Iterator[None]:
+    """Give this process back its cores and torch its thread count after a test that pins or
+    lends them (``pytestmark = pytest.mark.usefixtures("restore_trainer_cores")``)."""
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)

@@ -10,24 +10,16 @@ import os
 import threading
 
 import pytest
-import ray
 import torch
 from rl_helpers import ORDER_TOLERANCE, max_diff, train
 
-from periodic_rl.rollout.controller import LOAN_LANE
-from periodic_rl.rollout.core_loan import CoreLoan
+from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
+
+pytestmark = pytest.mark.usefixtures("restore_trainer_cores")
 
 CORES = sorted(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="lends a second core")
-
-
-@pytest.fixture(autouse=True)
-def restore_trainer_cores():
-    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(threads)
 
 
 class Parked(threading.Thread):
@@ -81,13 +73,6 @@ def test_a_loan_widens_the_trainers_threads_and_gives_them_back():
 def test_no_loan_of_cores_the_trainer_has():
     loan = CoreLoan()
     assert not loan.lend(os.sched_getaffinity(0)) and not loan.lent
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @needs_two_cores

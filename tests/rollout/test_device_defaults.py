@@ -14,7 +14,6 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 
 from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.rollout import controller as controller_module
-from periodic_rl.rollout.controller import RolloutOptions
 from periodic_rl.rollout.device_defaults import (
     GPU_MEMORY_ALONE,
     GPU_MEMORY_SHARED,
@@ -22,6 +21,7 @@ from periodic_rl.rollout.device_defaults import (
     plan_local_gpus,
     resolve_rollout,
 )
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.processes import visible_gpus
 from periodic_rl.rollout.ranks import SingleRank
 

@@ -19,7 +19,7 @@ import pytest
 
 from periodic_rl.data.loader import PromptLoader, SparePrompts
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.controller import RolloutController, RolloutOptions
+from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.rollout.dynamic_sampling import (
     DynamicSampler,
     DynamicSampling,
@@ -28,6 +28,7 @@ from periodic_rl.rollout.dynamic_sampling import (
     SpareJobs,
     zero_std,
 )
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest, StalenessPipeline
 from periodic_rl.rollout.producer import EndOfIteration, IterationPlan, produce, receive
 from periodic_rl.rollout.ranks import SingleRank

@@ -1,6 +1,7 @@
 import pytest
 
-from periodic_rl.rollout.controller import RolloutController, RolloutOptions
+from periodic_rl.rollout.controller import RolloutController
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.schedule import plan_calls
 
 

@@ -11,8 +11,8 @@ import pytest
 from transformers import LlamaConfig
 
 from periodic_rl.rollout import split_cache
-from periodic_rl.rollout.controller import RolloutOptions
 from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.split_advisor import SplitStep
 from periodic_rl.rollout.split_cache import (
     CACHE_ENV,

@@ -10,8 +10,6 @@ import logging
 import os
 
 import pytest
-import ray
-import torch
 from rl_helpers import assert_same_update, train
 
 from periodic_rl import PeriodicAsyncStrategy
@@ -20,15 +18,10 @@ from periodic_rl.rollout import split_advisor, split_cache
 from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.rollout.hardware_split import SplitModel
 
+pytestmark = pytest.mark.usefixtures("restore_trainer_cores")
+
 CORES = sorted(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="splits two cores")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)
@@ -37,14 +30,6 @@ def split_cache_file(tmp_path, monkeypatch):
     path = tmp_path / "hardware_split.json"
     monkeypatch.setenv(split_cache.CACHE_ENV, str(path))
     return path
-
-
-@pytest.fixture(autouse=True)
-def restore_trainer_cores():
-    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(threads)
 
 
 def _strategy(**kwargs) -> dict:

@@ -14,7 +14,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
 
@@ -24,13 +23,6 @@ from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 ROLLOUT_TESTS = str(Path(__file__).resolve().parents[1] / "rollout")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

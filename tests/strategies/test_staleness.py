@@ -11,21 +11,12 @@ plain formula written out here gives.
 from __future__ import annotations
 
 import lightning as L
-import pytest
-import ray
 import torch
 from rl_helpers import RecordingModule, assert_same_update, max_diff, train
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 class StaleRecording(RecordingModule):

@@ -15,18 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
-from periodic_rl.rollout.core_loan import CoreLoan
-from periodic_rl.rollout.device_defaults import (
-    PLACEMENT_STRATEGIES,
-    PUSH_TRANSPORTS,
-    RolloutSettings,
-    resolve_rollout,
-)
+from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lendable_cores
+from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest, StalenessPipeline
 from periodic_rl.rollout.producer import (
     AllScoredFn,
@@ -44,66 +40,8 @@ from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, Sa
 from periodic_rl.weight_sync.push import PushablePolicy, WeightPusher
 from periodic_rl.weight_sync.snapshot import PolicySnapshot, Snapshotter
 
-#: The timeline lane of :class:`~periodic_rl.rollout.core_loan.CoreLoan`'s loans.
-LOAN_LANE = "trainer cores lent"
-
 #: Groups per worker call of an overlapped iteration unless ``groups_per_call`` is set.
 OVERLAPPED_GROUPS_PER_CALL = 2
-
-
-@dataclass
-class RolloutOptions:
-    """The rollout arguments of the strategies (see ``PeriodicAsyncStrategy``)."""
-
-    engine: str = "vllm"
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    num_workers: int = 1
-    overlap: bool = True
-    use_ray: bool = True
-    ray_address: str | None = None
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float | None = None  # None: the device's default (device_defaults)
-    worker_cores: list[list[int]] | None = None
-    groups_per_call: int | None = None  # None: 2 overlapped, else a worker's share
-    adapter_pushes: bool = True
-    max_staleness: int = 0
-    call_timeout_s: float | None = 600.0
-    worker_resources: dict[str, float] | None = None
-    placement_strategy: str = "PACK"
-    push_transport: str = "auto"
-    lend_idle_cores: bool = True  # the trainer borrows the pinned workers' cores (core_loan)
-
-    def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(
-                f"max_staleness must be >= 0 (0: exactly on-policy), got {self.max_staleness}"
-            )
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if not self.use_ray and (self.overlap or self.num_workers != 1):
-            raise ValueError(
-                "use_ray=False runs one engine inside the trainer's process: it needs "
-                "num_workers=1 and overlap=False (overlap needs workers in their own processes)"
-            )
-        if self.worker_cores is not None and len(self.worker_cores) != self.num_workers:
-            raise ValueError(
-                f"worker_cores has {len(self.worker_cores)} entries for "
-                f"num_workers={self.num_workers}"
-            )
-        if self.groups_per_call is not None and self.groups_per_call < 1:
-            raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
-        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
-            raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
-        if self.push_transport not in PUSH_TRANSPORTS:
-            raise ValueError(
-                f"push_transport must be one of {', '.join(PUSH_TRANSPORTS)}, "
-                f"got {self.push_transport!r}"
-            )
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(
-                f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
-                f"got {self.placement_strategy!r}"
-            )
 
 
 @dataclass(frozen=True)
@@ -404,7 +342,7 @@ class RolloutController:
             if not self.options.overlap:
                 with self.spans.span("wait", "trainer"):
                     thread.join()  # the synchronous baseline: generate everything, then train
-            lendable = self._lendable_cores()
+            lendable = lendable_cores(self.options, self.link.world_size)
             for groups in self._timed_micro_batches(stream, micro_batch_size):
                 if lendable and stream.closed:  # everything generated: the workers are idle
                     self._lend(lendable)
@@ -416,17 +354,6 @@ class RolloutController:
         finally:
             stream.cancel()  # a no-op once drained; else the producer stops generating
             thread.join()
-
-    def _lendable_cores(self) -> list[int]:
-        """The workers' cores the trainer may borrow once an iteration is generated
-        (``lend_idle_cores``): only with workers pinned to cores of this machine, one training
-        process, and nothing generated ahead; else none."""
-        o = self.options
-        if not (o.lend_idle_cores and o.worker_cores and o.use_ray and o.ray_address is None):
-            return []
-        if self.link.world_size != 1 or o.max_staleness > 0:
-            return []
-        return sorted({c for cores in o.worker_cores for c in cores})
 
     def _lend(self, cores: list[int]) -> None:
         self.core_loan.lend(cores)

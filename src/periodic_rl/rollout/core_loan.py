@@ -22,7 +22,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["CoreLoan"]
+from periodic_rl.rollout.options import RolloutOptions
+
+__all__ = ["LOAN_LANE", "CoreLoan", "lendable_cores"]
+
+#: The timeline lane of the loans (neither training nor waiting in a span summary).
+LOAN_LANE = "trainer cores lent"
 
 
 def _thread_ids() -> set[int]:
@@ -101,3 +106,15 @@ class CoreLoan:
         self.lent_s += end - self._since
         self.own, self._moved, self._before = None, set(), set()
         return self._since, end
+
+
+def lendable_cores(options: RolloutOptions, world_size: int) -> list[int]:
+    """The workers' cores the trainer may borrow once an iteration is generated
+    (``lend_idle_cores``): only with workers pinned to cores of this machine, one training
+    process, and nothing generated ahead (``max_staleness`` 0); else none."""
+    o = options
+    if not (o.lend_idle_cores and o.worker_cores and o.use_ray and o.ray_address is None):
+        return []
+    if world_size != 1 or o.max_staleness > 0:
+        return []
+    return sorted({c for cores in o.worker_cores for c in cores})

@@ -22,12 +22,12 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from periodic_rl.rollout.json_cache import read_entry, write_entry
 from periodic_rl.rollout.processes import pin_process  # imports neither torch nor vLLM
 
 log = logging.getLogger(__name__)
@@ -169,21 +169,9 @@ def package_version(module: str) -> str | None:
     return importlib.metadata.version(dists[0]) if dists else None
 
 
-def _entries(path: Path) -> dict[str, Any]:
-    """The cache file's entries; ``{}`` (with a warning) for a file that is not one."""
-    try:
-        entries = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
-        entries = error
-    if not isinstance(entries, dict):
-        log.warning("engine_dtype cache %s is unreadable (%s); ignoring it", path, entries)
-        return {}
-    return entries
-
-
 def read_cache(path: Path, key: dict[str, Any]) -> dict[str, float] | None:
     """The cached rates for ``key``, or None (no file, no entry, or an unreadable file)."""
-    entry = _entries(path).get(json.dumps(key, sort_keys=True))
+    entry = read_entry(path, key, "engine_dtype")
     rates = entry.get("rates") if isinstance(entry, dict) else None
     if not isinstance(rates, dict) or not all(isinstance(v, int | float) for v in rates.values()):
         return None
@@ -193,19 +181,7 @@ def read_cache(path: Path, key: dict[str, Any]) -> dict[str, float] | None:
 def write_cache(path: Path, key: dict[str, Any], rates: dict[str, float]) -> None:
     """Add (or replace) ``key``'s entry: written to a temporary file, then renamed over the
     cache, so a reader never sees half a file."""
-    entries = _entries(path)
-    entries[json.dumps(key, sort_keys=True)] = {"key": key, "rates": rates, "at": time.time()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(entries, out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_entry(path, key, {"key": key, "rates": rates, "at": time.time()}, "engine_dtype")
 
 
 # ---- the measurement -------------------------------------------------------------------------

@@ -20,16 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.rollout.controller import RolloutOptions
 from periodic_rl.rollout.engine_dtype import cpu_fields, model_shape, package_version
 from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
+from periodic_rl.rollout.json_cache import read_entry, write_entry
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.split_advisor import SplitStep
 
 log = logging.getLogger(__name__)
@@ -156,21 +156,9 @@ def cache_key(
     return json.loads(json.dumps(key, sort_keys=True, default=str))
 
 
-def _entries(path: Path) -> dict[str, Any]:
-    """The cache file's entries; ``{}`` (with a warning) for a file that is not one."""
-    try:
-        entries = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
-        entries = error
-    if not isinstance(entries, dict):
-        log.warning("hardware split cache %s is unreadable (%s); ignoring it", path, entries)
-        return {}
-    return entries
-
-
 def read_cache(path: Path, key: dict[str, Any]) -> CachedSplit | None:
     """``key``'s remembered split, or None (no file, no entry, an unreadable file or entry)."""
-    entry = _entries(path).get(json.dumps(key, sort_keys=True))
+    entry = read_entry(path, key, "hardware split")
     if entry is None:
         return None
     try:
@@ -183,19 +171,7 @@ def read_cache(path: Path, key: dict[str, Any]) -> CachedSplit | None:
 def write_cache(path: Path, key: dict[str, Any], choice: CachedSplit) -> None:
     """Add (or replace) ``key``'s entry: written to a temporary file in the same folder, then
     renamed over the cache, so a reader never sees half a file."""
-    entries = _entries(path)
-    entries[json.dumps(key, sort_keys=True)] = {"key": key, "choice": choice.to_json()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(entries, out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_entry(path, key, {"key": key, "choice": choice.to_json()}, "hardware split")
 
 
 @dataclass(frozen=True)

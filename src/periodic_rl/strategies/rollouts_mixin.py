@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
-from periodic_rl.rollout.controller import PromptShare, RolloutController, RolloutOptions
+from periodic_rl.rollout.controller import PromptShare, RolloutController
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.engine_checks import check_rollout_options
@@ -31,6 +31,7 @@ from periodic_rl.rollout.engine_dtype import (
     resolve_engine_dtype,
 )
 from periodic_rl.rollout.hardware_split import Candidate
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.processes import repin_threads
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn

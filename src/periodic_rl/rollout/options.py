@@ -1,0 +1,68 @@
+"""`RolloutOptions`: the rollout arguments of the training strategies, checked on construction.
+
+One dataclass the strategies build from their own arguments (``PeriodicAsyncStrategy``'s
+docstring describes each field) and hand to the :class:`~periodic_rl.rollout.controller.
+RolloutController`; other parts (the split cache's key, the core loans) read it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from periodic_rl.rollout.device_defaults import PLACEMENT_STRATEGIES, PUSH_TRANSPORTS
+
+
+@dataclass
+class RolloutOptions:
+    """The rollout arguments of the strategies (see ``PeriodicAsyncStrategy``)."""
+
+    engine: str = "vllm"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    num_workers: int = 1
+    overlap: bool = True
+    use_ray: bool = True
+    ray_address: str | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None  # None: the device's default (device_defaults)
+    worker_cores: list[list[int]] | None = None
+    groups_per_call: int | None = None  # None: 2 overlapped, else a worker's share
+    adapter_pushes: bool = True
+    max_staleness: int = 0
+    call_timeout_s: float | None = 600.0
+    worker_resources: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+    push_transport: str = "auto"
+    lend_idle_cores: bool = True  # the trainer borrows the pinned workers' cores (core_loan)
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be >= 0 (0: exactly on-policy), got {self.max_staleness}"
+            )
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not self.use_ray and (self.overlap or self.num_workers != 1):
+            raise ValueError(
+                "use_ray=False runs one engine inside the trainer's process: it needs "
+                "num_workers=1 and overlap=False (overlap needs workers in their own processes)"
+            )
+        if self.worker_cores is not None and len(self.worker_cores) != self.num_workers:
+            raise ValueError(
+                f"worker_cores has {len(self.worker_cores)} entries for "
+                f"num_workers={self.num_workers}"
+            )
+        if self.groups_per_call is not None and self.groups_per_call < 1:
+            raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
+        if self.push_transport not in PUSH_TRANSPORTS:
+            raise ValueError(
+                f"push_transport must be one of {', '.join(PUSH_TRANSPORTS)}, "
+                f"got {self.push_transport!r}"
+            )
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                f"got {self.placement_strategy!r}"
+            )
