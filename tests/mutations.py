@@ -697,6 +697,26 @@ MUTATIONS: list[Mutation] = [
         new="fused=None,",
         tests=("tests/test_optimizers.py::test_constant_by_default",),
     ),
+    Mutation(
+        name="the workers never borrow the waiting trainer's cores for a weight load",
+        file="src/periodic_rl/rollout/controller.py",
+        old="loads_borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
+        new="loads_borrow_trainer_cores=False,",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_loans_fall_between_generation_and_push_and_change_no_update",
+        ),
+    ),
+    Mutation(
+        name="a worker keeps the trainer's cores after loading a push",
+        file="src/periodic_rl/rollout/worker.py",
+        old="        finally:\n            loan.give_back()\n",
+        new="        finally:\n            pass\n",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_a_worker_loads_on_borrowed_cores_and_hands_them_back",
+        ),
+    ),
 ]
 
 

@@ -1,7 +1,8 @@
-"""The trainer borrows the pinned workers' cores between an iteration's generation and its push
-(``lend_idle_cores``): which threads move there and back, and in a run with real Ray workers,
-that every loan starts after the iteration's last generation, ends before its push, and leaves
-the update as it is without loans.
+"""The trainer borrows the pinned workers' cores between an iteration's generation and its push,
+and the workers borrow the trainer's while they load the push (``lend_idle_cores``): which
+threads move there and back, and in a run with real Ray workers, that every trainer loan starts
+after the iteration's last generation and ends before its push, that every load ran on both
+sides' cores, and that the update is the same as without loans.
 
 Each test pins this process (the trainer); its cores and torch threads are restored after it.
 """
@@ -11,10 +12,13 @@ import threading
 
 import pytest
 import torch
-from rl_helpers import ORDER_TOLERANCE, max_diff, train
+from rl_helpers import ORDER_TOLERANCE, RecordingModule, max_diff, train
 
 from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan
+from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
+from periodic_rl.rollout.worker import RolloutWorker
+from periodic_rl.weight_sync.transport import to_payload
 
 pytestmark = pytest.mark.usefixtures("restore_trainer_cores")
 
@@ -75,6 +79,34 @@ def test_no_loan_of_cores_the_trainer_has():
     assert not loan.lend(os.sched_getaffinity(0)) and not loan.lent
 
 
+class LoadCores(RecordingModule):
+    """Also keeps, after each iteration's push, the cores each worker loaded it on."""
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.load_cores: list[list[int]] = []
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        backend = self.trainer.strategy.rollouts.backend
+        self.load_cores.append([t["load_cores"] for t in backend.worker_load_timings()])
+
+
+@needs_two_cores
+def test_a_worker_loads_on_borrowed_cores_and_hands_them_back(tiny_llama_path):
+    """A worker on one core, given the other for a load, loads on both, then runs on its own
+    core with its own thread count again."""
+    worker = RolloutWorker(0, EngineSpec("hf", tiny_llama_path))
+    payload = to_payload(worker.engine.model.state_dict())
+    os.sched_setaffinity(0, {CORES[1]})
+    torch.set_num_threads(1)
+    worker.load_weights(payload, version=1, borrow=[CORES[0]])
+    assert worker.last_load["load_cores"] == 2
+    assert os.sched_getaffinity(0) == {CORES[1]} and torch.get_num_threads() == 1
+    worker.load_weights(payload, version=2)  # nothing to borrow
+    assert worker.last_load["load_cores"] == 1
+    worker.shutdown()
+
+
 @needs_two_cores
 def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_path, local_ray):
     """Overlapped on 1 + 1 cores, one group per call and micro-batch: the trainer borrows the
@@ -92,9 +124,11 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
             "trainer_cores": [CORES[0]],
             "lend_idle_cores": lend,
         }
-        return train(tiny_llama_path, steps=3, strategy=strategy)
+        return train(tiny_llama_path, steps=3, strategy=strategy, module_cls=LoadCores)
 
     plain, lent = run(False), run(True)
+    assert plain[1].load_cores == [[1]] * 3  # each push loaded on the worker's own core
+    assert lent[1].load_cores == [[2]] * 3  # ... and on the waiting trainer's
     spans = lent[2].spans
     iterations = spans.iterations()
     assert lent[2].rollouts.core_loan.loans == len(iterations) == 3

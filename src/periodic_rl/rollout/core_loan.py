@@ -1,4 +1,4 @@
-"""`CoreLoan`: the trainer borrows the rollout workers' CPU cores while they have nothing to do.
+"""`CoreLoan`: one side of an overlapped run borrows the other's CPU cores while they are idle.
 
 Overlapped on disjoint cores, a worker that has generated its share of an iteration sits idle
 until the next weight push, while the trainer still back-propagates the last micro-batches and
@@ -8,11 +8,15 @@ generation is complete; :meth:`CoreLoan.give_back` returns them before the push,
 workers load the new weights and then generate the next iteration. The update is the same
 either way (the same operations, on more threads).
 
-Only the threads that ran on the trainer's cores when the loan began move (and those started
+The other way round, the trainer only waits while the workers load a weight push: each worker
+borrows the trainer's cores for the load (vLLM's CPU reload repacks every weight matrix, which
+runs on as many threads as it is given) and gives them back before it generates again.
+
+Only the threads that ran on the borrower's cores when the loan began move (and those started
 during the loan on the widened set, such as new OpenMP workers): a thread that chose its own
 cores (a background checkpoint writer allowed on every core) keeps them. Thread counts must be
-set from the thread that runs the training (OpenMP's thread count is per thread), so both
-calls belong on that thread.
+set from the thread that runs the work (OpenMP's thread count is per thread), so both calls
+belong on that thread.
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ def _move(tids: Iterable[int], cores: set[int]) -> None:
 
 @dataclass
 class CoreLoan:
-    """Lends the workers' cores to this (training) process between generation and the push.
+    """Lends another process's idle cores to this one: the workers' to the trainer between
+    generation and the push, the trainer's to a worker while it loads a push.
 
     ``lent_s``: seconds the cores were lent in all, ``loans``: loans made (for metrics and
-    tests); ``own``: the trainer's cores while a loan is out (``None`` otherwise).
+    tests); ``own``: this process's cores while a loan is out (``None`` otherwise).
     Times are ``time.time()`` seconds, like the spans of :mod:`periodic_rl.rollout.timing`.
     """
 
@@ -69,14 +74,14 @@ class CoreLoan:
     def lent(self) -> bool:
         return self.own is not None
 
-    def lend(self, worker_cores: Iterable[int]) -> bool:
-        """Widen this process to its own cores plus ``worker_cores`` (the workers must be done
-        generating until :meth:`give_back`). Returns whether a loan began: not when one is
-        out already, nor when the trainer already runs on every one of those cores."""
+    def lend(self, cores: Iterable[int]) -> bool:
+        """Widen this process to its own cores plus ``cores`` (their owner must leave them idle
+        until :meth:`give_back`). Returns whether a loan began: not when one is out already,
+        nor when this process already runs on every one of those cores."""
         if self.lent:
             return False
         own = os.sched_getaffinity(0)
-        wide = own | {int(c) for c in worker_cores}
+        wide = own | {int(c) for c in cores}
         if wide == own:
             return False
         import torch
@@ -91,7 +96,7 @@ class CoreLoan:
         return True
 
     def give_back(self) -> tuple[float, float] | None:
-        """Back onto the trainer's own cores; the loan's ``(start, end)``, or ``None`` (and
+        """Back onto this process's own cores; the loan's ``(start, end)``, or ``None`` (and
         nothing done) without a loan out."""
         if self.own is None:
             return None

@@ -33,7 +33,7 @@ class RolloutOptions:
     worker_resources: dict[str, float] | None = None
     placement_strategy: str = "PACK"
     push_transport: str = "auto"
-    lend_idle_cores: bool = True  # the trainer borrows the pinned workers' cores (core_loan)
+    lend_idle_cores: bool = True  # each side borrows the other's idle cores (core_loan)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:

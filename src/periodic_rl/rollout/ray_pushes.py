@@ -22,6 +22,7 @@ new group. Adapter pushes are small and always go through the object store.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -56,6 +57,7 @@ class WeightPushes:
     _slots: list[Slot]
     _pushed: PushedWeights | None
     _weights_ok: bool
+    loads_borrow_trainer_cores: bool
     version: int | None
     fingerprint: str | None
     call_timeout_s: float | None
@@ -114,8 +116,10 @@ class WeightPushes:
             )
         ref = ray.put(to_payload(state_dict))
         put = time.time()
+        # the workers may load on this process's cores too: it only waits for them now
+        borrow = sorted(os.sched_getaffinity(0)) if self.loads_borrow_trainer_cores else None
         calls = [
-            (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep))
+            (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep, borrow))
             for s in self._slots
         ]
         # Hashed after the put, while the workers load: the put has this process's cores to

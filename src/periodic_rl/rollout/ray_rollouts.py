@@ -107,6 +107,9 @@ class RayRollouts(WeightPushes):
         spans: where to record timing spans (a fresh :class:`SpanRecorder` by default).
         ray_init_kwargs: overrides for the local ``ray.init`` (e.g. ``num_cpus``,
             ``object_store_memory``).
+        loads_borrow_trainer_cores: each worker adds this process's cores to its own while it
+            loads a full weight push (:class:`~periodic_rl.rollout.core_loan.CoreLoan`): the
+            trainer only waits for the loads then. For workers on this machine only.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class RayRollouts(WeightPushes):
         env_vars: dict[str, str] | None = None,
         spans: SpanRecorder | None = None,
         ray_init_kwargs: dict[str, Any] | None = None,
+        loads_borrow_trainer_cores: bool = False,
     ) -> None:
         if not isinstance(engine, EngineSpec):
             raise TypeError(f"engine must be an EngineSpec, got {type(engine).__name__}")
@@ -152,6 +156,7 @@ class RayRollouts(WeightPushes):
         self.env_vars = dict(env_vars or {})
         self.spans = spans if spans is not None else SpanRecorder()
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
+        self.loads_borrow_trainer_cores = loads_borrow_trainer_cores
         self._slots = [
             Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
         ]

@@ -20,6 +20,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from periodic_rl.rollout.core_loan import CoreLoan
 from periodic_rl.rollout.processes import (
     LEFTOVER_SHM_PREFIXES,
     _start_time,
@@ -161,7 +162,13 @@ class RolloutWorker:
             for job, (completions, logprobs) in zip(jobs, outputs, strict=True)
         ]
 
-    def load_weights(self, weights: Any, version: int, keep: list[str] | None = None) -> str:
+    def load_weights(
+        self,
+        weights: Any,
+        version: int,
+        keep: list[str] | None = None,
+        borrow: list[int] | None = None,
+    ) -> str:
         """Load new weights; returns the fingerprint the engine computed of what it received.
 
         ``weights`` is ``[ref]``, a one-element list holding the Ray object reference of a
@@ -170,19 +177,30 @@ class RolloutWorker:
         store itself), or the payload dict.
         ``keep``: the LoRA-adapted names, whose base weights this worker keeps for later
         :meth:`load_adapter` calls (:class:`~periodic_rl.weight_sync.merge.AdapterLoader`).
+        ``borrow``: cores (the waiting trainer's) this worker adds to its own for the load and
+        hands back before it returns (:class:`~periodic_rl.rollout.core_loan.CoreLoan`; a
+        no-op for a worker that already runs on them).
         """
         engine = self._engine()
-        started, faults = time.time(), _minor_faults()
-        state_dict = from_payload(_fetch(weights))
-        fetched = time.time()
-        fingerprint = self._install(engine, state_dict, version, keep)
-        del state_dict  # drop the shared-memory views: they pin the object
-        ended = time.time()
+        loan = CoreLoan()
+        if borrow:
+            loan.lend(borrow)
+        try:
+            started, faults = time.time(), _minor_faults()
+            load_cores = len(os.sched_getaffinity(0))
+            state_dict = from_payload(_fetch(weights))
+            fetched = time.time()
+            fingerprint = self._install(engine, state_dict, version, keep)
+            del state_dict  # drop the shared-memory views: they pin the object
+            ended = time.time()
+        finally:
+            loan.give_back()
         self.last_load_s = ended - started
         self.last_load = {
             "fetch_s": fetched - started,
             "install_s": ended - fetched,
             "minor_faults": _minor_faults() - faults,  # fresh pages touched: a cost of its own
+            "load_cores": load_cores,  # its own, plus any borrowed for the load
             **getattr(engine, "last_load_timings", {}),
         }
         return fingerprint

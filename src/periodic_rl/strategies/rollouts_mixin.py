@@ -81,7 +81,9 @@ ROLLOUT_ARGS_DOC = """
             machine: once an iteration is generated, the trainer also uses the workers' cores
             for its last micro-batches and the optimizer step, and gives them back before the
             weight push (:mod:`periodic_rl.rollout.core_loan`; 1.07x per step where measured,
-            docs/overlap.md). ``False``: each side keeps to its own cores throughout.
+            docs/overlap.md); while the trainer waits for a weight push, the workers load it
+            on the trainer's cores as well. ``False``: each side keeps to its own cores
+            throughout.
         split_after: iterations measured (after one of warm-up) before the run logs its
             generation and training rates and the split that would balance them
             (``split/*`` metrics); with ``worker_cores: auto``, per measured split.
