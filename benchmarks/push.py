@@ -69,7 +69,12 @@ MODES: dict[str, dict[str, str]] = {
         "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
         "MALLOC_TOP_PAD_": str(64 << 20),
     },
+    # the demo's default with each side's core loans off (lend_idle_cores: false): the worker
+    # loads pushes on its own core only, and the trainer steps on its own core only
+    "no-loans": {},
 }
+#: Strategy arguments of a mode (the others run the demo's defaults).
+MODE_STRATEGY: dict[str, dict[str, Any]] = {"no-loans": {"lend_idle_cores": False}}
 TARGET_SHARE = 0.05  # the push at most 5% of an iteration
 #: The phases of the table, in order: (column, key in an iteration's record).
 PHASES = (
@@ -81,6 +86,7 @@ PHASES = (
     ("load", "load_s"),
     ("worker fetch", "fetch_s"),
     ("vLLM reload", "reload_s"),
+    ("load cores", "load_cores"),
     ("verify", "verify_s"),
     ("reset", "reset_prefix_s"),
     ("worker page faults", "minor_faults"),
@@ -119,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {
         **demo_settings(args.max_new_tokens),
         "modes": {mode: MODES[mode] for mode in args.modes},
+        "mode_strategy": {m: MODE_STRATEGY[m] for m in args.modes if m in MODE_STRATEGY},
         "warmup_iterations": args.warmup,
     }
     print(f"machine: {machine['nproc']} x {machine['cpu_model']}, git {machine['git']}")
@@ -202,7 +209,7 @@ def print_iterations(iterations: list[dict[str, Any]]) -> None:
 def child_main(path: Path) -> None:
     job = json.loads(path.read_text())
     os.environ.update(MODES[job["mode"]])  # before Ray starts: its processes inherit them
-    result = run_fit(job["config"], job["schedule"])
+    result = run_fit(job["config"], job["schedule"], MODE_STRATEGY.get(job["mode"], {}))
     path.write_text(json.dumps({**job, **result}))
 
 
@@ -230,7 +237,7 @@ def push_record(strategy: Any) -> dict[str, Any]:
         "worker": worker,
         "load_overhead_s": load - worker.get("load_s", 0.0),
     }
-    for key in ("fetch_s", "reload_s", "verify_s", "reset_prefix_s", "minor_faults"):
+    for key in ("fetch_s", "reload_s", "load_cores", "verify_s", "reset_prefix_s", "minor_faults"):
         record[key] = worker.get(key)
     generated = [s.start for s in spans if s.name == "generate"]
     record.update(
@@ -253,7 +260,9 @@ def add_gaps(records: list[dict[str, Any]]) -> None:
             record["push_to_generation_s"] = start - record["push_end"]
 
 
-def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
+def run_fit(
+    config: dict[str, Any], plan: list[dict[str, Any]], strategy_kwargs: dict[str, Any]
+) -> dict[str, Any]:
     import lightning as L
 
     class PushPlan(L.Callback):
@@ -278,7 +287,7 @@ def run_fit(config: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any
                 last["iteration_s"] = time.perf_counter() - last["start"]
             add_gaps(self.records)
 
-    module, strategy, data = demo_parts(config)
+    module, strategy, data = demo_parts(config, **strategy_kwargs)
     pushes = PushPlan()
     trainer = bare_trainer(strategy, len(plan), [pushes])
     began = time.time()
