@@ -700,8 +700,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="the workers never borrow the waiting trainer's cores for a weight load",
         file="src/periodic_rl/rollout/controller.py",
-        old="loads_borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
-        new="loads_borrow_trainer_cores=False,",
+        old="borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
+        new="borrow_trainer_cores=False,",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",
@@ -715,6 +715,16 @@ MUTATIONS: list[Mutation] = [
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_a_worker_loads_on_borrowed_cores_and_hands_them_back",
+        ),
+    ),
+    Mutation(
+        name="a fixed split's advice ignores the efficiencies an auto run measured",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="model=known.model if known else None,",
+        new="model=None,",
+        tests=(
+            "tests/strategies/test_auto_split.py::"
+            "test_auto_split_switches_twice_and_trains_as_a_fixed_split",
         ),
     ),
 ]

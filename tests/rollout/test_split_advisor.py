@@ -2,10 +2,18 @@
 mode tried and the fitted choice applied, or a cached split measured without switching; on
 spans written by hand (no Ray)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from periodic_rl.rollout.hardware_split import SplitModel
-from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, starting_split
+from periodic_rl.rollout.options import RolloutOptions
+from periodic_rl.rollout.split_advisor import (
+    SplitAdvisor,
+    auto_start,
+    log_only_advisor,
+    starting_split,
+)
 from periodic_rl.rollout.split_cache import SplitCache, read_cache
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 
@@ -118,3 +126,23 @@ def test_a_miss_remembers_the_final_choice_and_the_next_run_starts_on_it(tmp_pat
         step = cached.step(again)
         assert step is None or (step.apply is None and step.cached)
     assert len(cached.steps) == 1 and cached.current.same_split(final.plan.chosen)
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_fixed_split_advice_uses_measured_efficiencies_or_says_they_are_assumed(measured):
+    """Turn-taking on both cores, generation 4 s and training 6 s per iteration: with the
+    assumed efficiency (0.5) one core each looks faster (max(6, 9) + 0.5 < 10.5 s), and the
+    advice says the efficiency is assumed; with the efficiencies an auto run measured (1.0:
+    time x cores constant), turn-taking stays best, and nothing is said to be assumed."""
+    options = RolloutOptions(overlap=False, worker_cores=[[0, 1]])
+    model = SplitModel(generation_efficiency=1.0, training_efficiency=1.0) if measured else None
+    advisor = log_only_advisor(
+        options, None, [0, 1], SimpleNamespace(on_gpu=False), 1, window=1, model=model
+    )
+    recorder = SpanRecorder()
+    record(recorder, 0, 9.0, 9.0, False)
+    record(recorder, 1, 4.0, 6.0, False)
+    step = advisor.step(recorder)
+    assert step.assumed is not measured
+    assert ("assumed" in step.reason) is not measured
+    assert step.plan.chosen.overlap is not measured

@@ -65,6 +65,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     assert not moves  # a fixed split is only logged
     (logged,) = fixed[2].split_advisor.steps
     assert logged.apply is None and logged.plan is not None
+    assert logged.assumed  # no run of this workload has measured the efficiencies yet
     os.sched_setaffinity(0, CORES)  # the fixed run pinned this process to its trainer core
     with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
         auto = train(tiny_llama_path, steps=5, strategy=_strategy(worker_cores="auto"))
@@ -101,6 +102,13 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     assert again[1].trainer.callback_metrics["split/cached"] == 1.0
     lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
     assert lines[0].startswith("hardware split: cached from ") and "applying" not in lines[1]
+
+    # a fixed split of the same workload advises from what the auto run measured
+    os.sched_setaffinity(0, CORES)
+    advised = train(tiny_llama_path, steps=3, strategy=_strategy(overlap=False))
+    (advice,) = advised[2].split_advisor.steps
+    assert not advice.assumed and advice.apply is None
+    assert advised[2].split_advisor.model == strategy.split_advisor.model
 
 
 @pytest.mark.parametrize(

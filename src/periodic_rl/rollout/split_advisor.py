@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from periodic_rl.rollout.hardware_split import (
+    DEFAULT_EFFICIENCY,
     Candidate,
     GpuAdvice,
     MeasuredRates,
@@ -90,10 +91,15 @@ def log_only_advisor(
     settings: Any,
     trainer_devices: int,
     window: int,
+    model: SplitModel | None = None,
 ) -> SplitAdvisor | None:
     """The advisor of a run whose split is fixed: it measures the split running (unpinned
     sides count as running on every core) and logs the advice once. On GPUs the advice is
-    about GPUs, when each worker has whole ones (none for workers sharing a GPU)."""
+    about GPUs, when each worker has whole ones (none for workers sharing a GPU).
+
+    ``model``: the knobs a ``worker_cores: auto`` run of the same workload measured (its
+    cached choice); without them the parallel efficiencies are assumed, and the advice says
+    so, since one window on one split cannot measure them."""
     if settings.on_gpu:
         per_worker = settings.gpus_per_worker
         if per_worker < 1 or per_worker != int(per_worker):
@@ -108,7 +114,7 @@ def log_only_advisor(
         tuple(tuple(cores) for cores in workers),
         0.0,
     )
-    return SplitAdvisor(current, machine_cores, options.num_workers, window)
+    return SplitAdvisor(current, machine_cores, options.num_workers, window, model=model)
 
 
 @dataclass(frozen=True)
@@ -125,11 +131,18 @@ class SplitStep:
     final: bool
     model: SplitModel | None = None
     cached: bool = False
+    assumed: bool = False
 
     @property
     def reason(self) -> str:
         advice = self.plan.reason if self.plan is not None else None
-        return advice or (self.gpus.reason if self.gpus is not None else "no advice")
+        advice = advice or (self.gpus.reason if self.gpus is not None else "no advice")
+        if self.assumed:
+            advice += (
+                f" (parallel efficiency {DEFAULT_EFFICIENCY} per side assumed, not measured: "
+                "one run with worker_cores: auto measures it and later runs advise from it)"
+            )
+        return advice
 
     def metrics(self, prefix: str = "split/") -> dict[str, float]:
         """Numbers for a logger: the measured rates and the recommended split."""
@@ -231,7 +244,8 @@ class SplitAdvisor:
         plan = choose_split(rates, self.cores, self.num_workers, model, self.current)
         if not self.auto:
             self.done = True
-            return SplitStep(rates, plan, None, None, True, model, self.cached)
+            assumed = not self.cached and self.model == SplitModel()  # one window fits none
+            return SplitStep(rates, plan, None, None, True, model, self.cached, assumed)
         if len(self.windows) == 1:  # measure the other mode before choosing
             target = next(c for c in plan.candidates if c.overlap != self.current.overlap)
         else:

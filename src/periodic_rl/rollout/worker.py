@@ -86,6 +86,7 @@ class RolloutWorker:
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
         self.last_load: dict[str, float] = {}  # phases of the last load_weights (load_timings)
+        self.last_call_cores = 0  # cores the last generate call ran on (borrowed ones too)
 
     def info(self) -> dict[str, Any]:
         """Process id, child processes, cores, weights held, start-up time, and the Ray node
@@ -126,7 +127,11 @@ class RolloutWorker:
         return self.info()
 
     def generate(
-        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        version: int,
+        borrow: list[int] | None = None,
     ) -> list[GeneratedGroup]:
         """Generate ``jobs`` and stamp each group with the weights and the call's time span.
 
@@ -134,7 +139,8 @@ class RolloutWorker:
         rollout can never silently come from other weights than its caller believes. Each
         group carries the engine's behaviour log-probs
         (:func:`~periodic_rl.rollout.engine.generate_groups`; ``[]`` from an engine that gives
-        none).
+        none). ``borrow``: cores (the waiting trainer's) this worker adds to its own for the
+        call, as :meth:`load_weights` does; ``last_call_cores`` is how many the call ran on.
         """
         from periodic_rl.rollout.engine import generate_groups  # torch: loaded by the engine
 
@@ -144,9 +150,16 @@ class RolloutWorker:
                 f"worker {self.worker_id} holds weights version {self.version}, "
                 f"asked to generate for version {version}"
             )
-        started = time.time()
-        outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
-        finished = time.time()
+        loan = CoreLoan()
+        if borrow:
+            loan.lend(borrow)
+        try:
+            self.last_call_cores = len(os.sched_getaffinity(0))
+            started = time.time()
+            outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
+            finished = time.time()
+        finally:
+            loan.give_back()
         return [
             GeneratedGroup(
                 index=job.index,

@@ -290,9 +290,16 @@ class RolloutsMixin:
                 auto=hit is None, model=hit.model if hit else None, cached=hit is not None,
             )  # fmt: skip
         devices = getattr(self, "parallel_devices", None) or [self.root_device]  # type: ignore[attr-defined]
+        known = None  # what a worker_cores: auto run of this workload measured, if one did
+        if not self.rollout_settings.on_gpu:
+            module = self.lightning_module
+            workload = workload_of(module, module.trainer, options)
+            known = SplitCache.open(
+                self._machine_cores, options.num_workers, module.model_path, workload
+            ).hit
         return log_only_advisor(
             options, self.trainer_cores, self._machine_cores, self.rollout_settings,
-            len(devices), self.split_after,
+            len(devices), self.split_after, model=known.model if known else None,
         )  # fmt: skip
 
     def teardown(self) -> None:
