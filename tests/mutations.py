@@ -700,8 +700,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="the workers never borrow the waiting trainer's cores for a weight load",
         file="src/periodic_rl/rollout/controller.py",
-        old="borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
-        new="borrow_trainer_cores=False,",
+        old="loads_borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
+        new="loads_borrow_trainer_cores=False,",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",

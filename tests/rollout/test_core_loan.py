@@ -1,9 +1,8 @@
 """The trainer borrows the pinned workers' cores between an iteration's generation and its push,
-and the workers borrow the trainer's while they load the push and generate the first
-micro-batch (``lend_idle_cores``): which threads move there and back, and in a run with real Ray
-workers, that every trainer loan starts after the iteration's last generation and ends before
-its push, that every load and every first call ran on both sides' cores before the trainer
-needed them, and that the update is the same as without loans.
+and the workers borrow the trainer's while they load the push (``lend_idle_cores``): which
+threads move there and back, and in a run with real Ray workers, that every trainer loan starts
+after the iteration's last generation and ends before its push, that every load ran on both
+sides' cores, and that the update is the same as without loans.
 
 Each test pins this process (the trainer); its cores and torch threads are restored after it.
 """
@@ -15,10 +14,9 @@ import pytest
 import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, max_diff, train
 
-from periodic_rl.rollout.core_loan import LOAN_LANE, WORKER_LOAN_LANE, CoreLoan
+from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
-from periodic_rl.rollout.types import GroupJob, SamplingConfig
 from periodic_rl.rollout.worker import RolloutWorker
 from periodic_rl.weight_sync.transport import to_payload
 
@@ -106,14 +104,6 @@ def test_a_worker_loads_on_borrowed_cores_and_hands_them_back(tiny_llama_path):
     assert os.sched_getaffinity(0) == {CORES[1]} and torch.get_num_threads() == 1
     worker.load_weights(payload, version=2)  # nothing to borrow
     assert worker.last_load["load_cores"] == 1
-    job = GroupJob(index=0, prompt_ids=[1, 2, 3], n=2, seed=0)
-    sampling = SamplingConfig(max_new_tokens=3)
-    first = worker.generate([job], sampling, version=2, borrow=[CORES[0]])
-    assert worker.last_call_cores == 2
-    assert os.sched_getaffinity(0) == {CORES[1]} and torch.get_num_threads() == 1
-    again = worker.generate([job], sampling, version=2)
-    assert worker.last_call_cores == 1
-    assert first[0].completion_ids == again[0].completion_ids  # same seed, same tokens
     worker.shutdown()
 
 
@@ -144,13 +134,8 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
     assert lent[2].rollouts.core_loan.loans == len(iterations) == 3
     assert plain[2].rollouts.core_loan.loans == 0
     assert os.sched_getaffinity(0) == {CORES[0]}  # given back: the run ends on its own core
-    assert not [s for s in plain[2].spans.spans() if s.lane == WORKER_LOAN_LANE]
     for iteration in iterations:
         own = spans.spans(iteration)
-        # the first call of the iteration ran on the trainer's core too, while it waited
-        (first_call,) = [s for s in own if s.lane == WORKER_LOAN_LANE]
-        trained = min(s.start for s in own if s.name == "train micro-batch")
-        assert first_call.end <= trained, iteration
         (loan,) = [s for s in own if s.lane == LOAN_LANE]
         generated = max(s.end for s in own if s.lane.startswith(WORKER_LANE_PREFIX))
         (push,) = [s for s in own if s.name == "weight push" and s.lane == "trainer"]

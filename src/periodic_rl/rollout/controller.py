@@ -116,7 +116,7 @@ class RolloutController:
             local_gpus=settings.local_gpus.ray_gpus,
             groups_per_call=o.groups_per_call or OVERLAPPED_GROUPS_PER_CALL,
             # the trainer waits while the workers load its pushes: they may use its cores
-            borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),
+            loads_borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),
             call_timeout_s=o.call_timeout_s,
             spans=self.spans,
             # vLLM logs two harmless warnings and three info lines per weight push (rotary and

@@ -8,10 +8,13 @@ generation is complete; :meth:`CoreLoan.give_back` returns them before the push,
 workers load the new weights and then generate the next iteration. The update is the same
 either way (the same operations, on more threads).
 
-The other way round, the trainer only waits while the workers load a weight push, and while
-the iteration's first call generates the groups of its first micro-batch: a worker borrows the
-trainer's cores for the load (vLLM's CPU reload repacks every weight matrix, on as many threads
-as it is given) and for that first call, and gives them back before it returns.
+The other way round, the trainer only waits while the workers load a weight push: each worker
+borrows the trainer's cores for the load and gives them back before it generates again. vLLM's
+CPU worker ignores ``torch.set_num_threads`` once it has bound its threads, so the load keeps
+its thread count; it gains the other core for its one thread, and measured faster for it
+(``benchmarks/push.py --modes default no-loans``). The first generate call of an iteration,
+which the trainer also only waits for, gained nothing measurable the same way (vLLM's decoding
+keeps the threads it bound at start), so a worker borrows for loads only.
 
 Only the threads that ran on the borrower's cores when the loan began move (and those started
 during the loan on the widened set, such as new OpenMP workers): a thread that chose its own
@@ -29,12 +32,10 @@ from dataclasses import dataclass, field
 
 from periodic_rl.rollout.options import RolloutOptions
 
-__all__ = ["LOAN_LANE", "WORKER_LOAN_LANE", "CoreLoan", "lendable_cores"]
+__all__ = ["LOAN_LANE", "CoreLoan", "lendable_cores"]
 
-#: The timeline lanes of the loans (neither training nor waiting in a span summary): the
-#: workers' cores lent to the trainer, and the trainer's lent to a worker for a generate call.
+#: The timeline lane of the loans (neither training nor waiting in a span summary).
 LOAN_LANE = "trainer cores lent"
-WORKER_LOAN_LANE = "cores lent to workers"
 
 
 def _thread_ids() -> set[int]:

@@ -57,7 +57,7 @@ class WeightPushes:
     _slots: list[Slot]
     _pushed: PushedWeights | None
     _weights_ok: bool
-    borrow_trainer_cores: bool
+    loads_borrow_trainer_cores: bool
     version: int | None
     fingerprint: str | None
     call_timeout_s: float | None
@@ -117,7 +117,7 @@ class WeightPushes:
         ref = ray.put(to_payload(state_dict))
         put = time.time()
         # the workers may load on this process's cores too: it only waits for them now
-        borrow = sorted(os.sched_getaffinity(0)) if self.borrow_trainer_cores else None
+        borrow = sorted(os.sched_getaffinity(0)) if self.loads_borrow_trainer_cores else None
         calls = [
             (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep, borrow))
             for s in self._slots

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import socket
 import threading
 import time
@@ -43,7 +42,6 @@ from typing import Any
 
 from periodic_rl.compat.ray import actor_failed_in_init
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.core_loan import WORKER_LOAN_LANE
 from periodic_rl.rollout.placement import (
     WorkerPlacement,
     init_ray,
@@ -109,10 +107,9 @@ class RayRollouts(WeightPushes):
         spans: where to record timing spans (a fresh :class:`SpanRecorder` by default).
         ray_init_kwargs: overrides for the local ``ray.init`` (e.g. ``num_cpus``,
             ``object_store_memory``).
-        borrow_trainer_cores: a worker adds this process's cores to its own while the trainer
-            only waits for it (:class:`~periodic_rl.rollout.core_loan.CoreLoan`): for loading a
-            full weight push, and for the first call of each :meth:`generate` (the trainer's
-            first micro-batch). For workers on this machine only.
+        loads_borrow_trainer_cores: each worker adds this process's cores to its own while it
+            loads a full weight push (:class:`~periodic_rl.rollout.core_loan.CoreLoan`): the
+            trainer only waits for the loads then. For workers on this machine only.
     """
 
     def __init__(
@@ -136,7 +133,7 @@ class RayRollouts(WeightPushes):
         env_vars: dict[str, str] | None = None,
         spans: SpanRecorder | None = None,
         ray_init_kwargs: dict[str, Any] | None = None,
-        borrow_trainer_cores: bool = False,
+        loads_borrow_trainer_cores: bool = False,
     ) -> None:
         if not isinstance(engine, EngineSpec):
             raise TypeError(f"engine must be an EngineSpec, got {type(engine).__name__}")
@@ -159,7 +156,7 @@ class RayRollouts(WeightPushes):
         self.env_vars = dict(env_vars or {})
         self.spans = spans if spans is not None else SpanRecorder()
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
-        self.borrow_trainer_cores = borrow_trainer_cores
+        self.loads_borrow_trainer_cores = loads_borrow_trainer_cores
         self._slots = [
             Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
         ]
@@ -351,17 +348,11 @@ class RayRollouts(WeightPushes):
         pending = deque(calls)
         in_flight: dict[Any, Call] = {}
         yielded: set[int] = set()
-        # the trainer waits for the first call's groups (its first micro-batch): that call may
-        # run on the trainer's cores as well
-        lend = sorted(os.sched_getaffinity(0)) if self.borrow_trainer_cores else None
         try:
             while not cancel.is_set():
                 more = take_jobs(more_jobs, pending, expected_indices, size)
                 if not (pending or in_flight or more):
                     break
-                if lend is not None and pending:
-                    self._dispatch(pending, in_flight, sampling, version, borrow=lend, most=1)
-                    lend = None
                 self._dispatch(pending, in_flight, sampling, version)
                 if not (pending or in_flight):  # only the job source can bring work now
                     more_jobs.wait(self.poll_s)
@@ -396,7 +387,7 @@ class RayRollouts(WeightPushes):
                     slot.failures = 0
                 if not cancel.is_set():
                     self._dispatch(pending, in_flight, sampling, version)  # keep it busy first
-                self._record(groups, call.borrowed)
+                self._record(groups)
                 for group in groups:
                     if group.index in yielded or group.index not in expected_indices:
                         raise RuntimeError(f"group {group.index} came back twice or unasked")
@@ -418,13 +409,9 @@ class RayRollouts(WeightPushes):
         in_flight: dict[Any, Call],
         sampling: SamplingConfig,
         version: int,
-        borrow: list[int] | None = None,
-        most: int | None = None,
     ) -> None:
-        """Hand pending calls (``most`` of them; all by default) to the least-loaded workers
-        that have room; ``borrow``: cores the workers may add to theirs for these calls."""
-        sent = 0
-        while pending and (most is None or sent < most):
+        """Hand pending calls to the least-loaded workers that have room."""
+        while pending:
             free = [
                 s
                 for s in self._slots
@@ -436,12 +423,9 @@ class RayRollouts(WeightPushes):
                 return
             slot = min(free, key=lambda s: (s.in_flight, s.index))
             chunk = pending.popleft()
-            ref = slot.actor.generate.remote(chunk, sampling, version, borrow)
-            in_flight[ref] = Call(
-                slot.index, slot.incarnation, chunk, time.monotonic(), borrow is not None
-            )
+            ref = slot.actor.generate.remote(chunk, sampling, version)
+            in_flight[ref] = Call(slot.index, slot.incarnation, chunk, time.monotonic())
             slot.in_flight += 1
-            sent += 1
 
     def _restart_hung(
         self, slot: Slot, waited: float, what: str, weights: PushedWeights | None | Any = ...
@@ -457,7 +441,7 @@ class RayRollouts(WeightPushes):
         self.hung_restarts += 1
         self._restart(slot, slot.incarnation, WorkerHungError(message), weights)
 
-    def _record(self, groups: list[GeneratedGroup], borrowed: bool = False) -> None:
+    def _record(self, groups: list[GeneratedGroup]) -> None:
         if groups:  # one span per call: its groups share the call's timestamps
             g = groups[0]
             tokens = sum(len(c) for group in groups for c in group.completion_ids)
@@ -465,8 +449,6 @@ class RayRollouts(WeightPushes):
                 "generate", worker_lane(g.worker), g.started, g.finished, groups=len(groups),
                 tokens=tokens,
             )  # fmt: skip
-            if borrowed:  # its own lane: the summary counts neither side busy on it
-                self.spans.add("cores lent", WORKER_LOAN_LANE, g.started, g.finished)
 
     def repin(self, worker_cores: list[list[int]]) -> None:
         """Move the workers to ``worker_cores`` (one list per worker), between generations:

@@ -33,7 +33,6 @@ class Call:
     incarnation: int
     jobs: list[GroupJob]
     sent: float = 0.0  # time.monotonic() at dispatch
-    borrowed: bool = False  # the worker may run it on the trainer's cores too
 
 
 class WorkerHungError(RuntimeError):

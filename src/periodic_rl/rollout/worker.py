@@ -86,7 +86,6 @@ class RolloutWorker:
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
         self.last_load: dict[str, float] = {}  # phases of the last load_weights (load_timings)
-        self.last_call_cores = 0  # cores the last generate call ran on (borrowed ones too)
 
     def info(self) -> dict[str, Any]:
         """Process id, child processes, cores, weights held, start-up time, and the Ray node
@@ -127,11 +126,7 @@ class RolloutWorker:
         return self.info()
 
     def generate(
-        self,
-        jobs: list[GroupJob],
-        sampling: SamplingConfig,
-        version: int,
-        borrow: list[int] | None = None,
+        self, jobs: list[GroupJob], sampling: SamplingConfig, version: int
     ) -> list[GeneratedGroup]:
         """Generate ``jobs`` and stamp each group with the weights and the call's time span.
 
@@ -139,8 +134,7 @@ class RolloutWorker:
         rollout can never silently come from other weights than its caller believes. Each
         group carries the engine's behaviour log-probs
         (:func:`~periodic_rl.rollout.engine.generate_groups`; ``[]`` from an engine that gives
-        none). ``borrow``: cores (the waiting trainer's) this worker adds to its own for the
-        call, as :meth:`load_weights` does; ``last_call_cores`` is how many the call ran on.
+        none).
         """
         from periodic_rl.rollout.engine import generate_groups  # torch: loaded by the engine
 
@@ -150,16 +144,9 @@ class RolloutWorker:
                 f"worker {self.worker_id} holds weights version {self.version}, "
                 f"asked to generate for version {version}"
             )
-        loan = CoreLoan()
-        if borrow:
-            loan.lend(borrow)
-        try:
-            self.last_call_cores = len(os.sched_getaffinity(0))
-            started = time.time()
-            outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
-            finished = time.time()
-        finally:
-            loan.give_back()
+        started = time.time()
+        outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
+        finished = time.time()
         return [
             GeneratedGroup(
                 index=job.index,
