@@ -693,7 +693,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="AdamW not fused on the CPU (torch's slower per-operation loop)",
         file="src/periodic_rl/optim.py",
-        old="fused=fused_supported(params) or None,",
+        old="fused=(fused_supported(params) and fused_allowed(module)) or None,",
         new="fused=None,",
         tests=("tests/test_optimizers.py::test_constant_by_default",),
     ),
@@ -726,6 +726,13 @@ MUTATIONS: list[Mutation] = [
             "tests/strategies/test_auto_split.py::"
             "test_auto_split_switches_twice_and_trains_as_a_fixed_split",
         ),
+    ),
+    Mutation(
+        name="fused AdamW under an AMP precision plugin (it refuses to clip its gradients)",
+        file="src/periodic_rl/optim.py",
+        old="    return type(plugin) in (Precision, HalfPrecision, DoublePrecision)\n",
+        new="    return True\n",
+        tests=("tests/test_optimizers.py::test_mixed_precision_clips_with_the_unfused_kernel",),
     ),
 ]
 

@@ -28,7 +28,7 @@ class LearningRates(L.Callback):
         self.rates.append(trainer.optimizers[0].param_groups[0]["lr"])
 
 
-def fit(root, model_path, steps, **module_kwargs):
+def fit(root, model_path, steps, precision="32-true", **module_kwargs):
     L.seed_everything(0, verbose=False)
     module = RLModule(
         model=model_path,
@@ -46,6 +46,7 @@ def fit(root, model_path, steps, **module_kwargs):
         logger=CSVLogger(root),
         log_every_n_steps=1,
         callbacks=[rates],
+        precision=precision,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -96,6 +97,14 @@ def test_constant_by_default(tiny_llama_path, tmp_path):
     optimizer = trainer.optimizers[0]
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
     assert all(s["step"].item() == 2 for s in optimizer.state.values())
+
+
+def test_mixed_precision_clips_with_the_unfused_kernel(tiny_llama_path, tmp_path):
+    """Lightning's AMP plugins refuse to clip the gradients of a fused optimizer (it would
+    unscale them inside its step): under ``bf16-mixed`` the optimizer is torch's default one,
+    and the clipped run trains."""
+    trainer, rates = fit(tmp_path, tiny_llama_path, 2, precision="bf16-mixed", max_grad_norm=1.0)
+    assert rates == [LR, LR] and trainer.optimizers[0].defaults["fused"] is None
 
 
 def test_fused_only_where_torch_has_the_kernel():

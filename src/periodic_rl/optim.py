@@ -1,8 +1,9 @@
 """The optimizer and learning-rate schedule of :class:`~periodic_rl.RLModule`.
 
-AdamW over the trainable parameters (torch's fused kernel where every parameter allows it: one
-pass over each tensor instead of one per arithmetic operation, ~5x faster on the CPU for a 135M
-model; transformers' ``adamw_torch_fused`` default), with one of transformers' schedules
+AdamW over the trainable parameters (torch's fused kernel where every parameter and the precision
+plugin allow it: one pass over each tensor instead of one per arithmetic operation, ~5x faster on
+the CPU for a 135M model; transformers' ``adamw_torch_fused`` default), with one of
+transformers' schedules
 (``transformers.get_scheduler``: ``linear``, ``cosine``, ``cosine_with_min_lr``,
 ``constant_with_warmup``, ``polynomial``, ...), the ones TRL's ``lr_scheduler_type`` names. The
 number of training steps is Lightning's ``trainer.estimated_stepping_batches`` (``max_steps``,
@@ -68,6 +69,18 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
     )
 
 
+def fused_allowed(module: Any) -> bool:
+    """Whether the run's precision plugin takes a fused optimizer: Lightning's AMP plugins
+    (``16-mixed``, ``bf16-mixed``, FSDP's) refuse to clip the gradients of an optimizer that
+    would unscale them in its own ``step``, and DeepSpeed wraps the optimizer itself; the plain
+    plugins (``32-true``, ``bf16-true``, ``64-true``) take it."""
+    from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
+
+    trainer = getattr(module, "_trainer", None)
+    plugin = getattr(trainer, "precision_plugin", None)
+    return type(plugin) in (Precision, HalfPrecision, DoublePrecision)
+
+
 def configure_optimizers(module: Any) -> Any:
     """AdamW over the policy's trainable parameters, and the schedule when it is not constant
     (a constant rate needs no scheduler, and old checkpoints hold none)."""
@@ -77,7 +90,7 @@ def configure_optimizers(module: Any) -> Any:
         params,
         lr=h.learning_rate,
         weight_decay=h.weight_decay,
-        fused=fused_supported(params) or None,  # None: torch's own choice (foreach or a loop)
+        fused=(fused_supported(params) and fused_allowed(module)) or None,  # None: torch's own
     )
     name = h.lr_scheduler
     if name == "constant":
