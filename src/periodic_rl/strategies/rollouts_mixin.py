@@ -200,10 +200,7 @@ class RolloutsMixin:
         self.split_cache: SplitCache | None = None
         if self.split_start is not None:  # start on the split a run of this workload chose
             options = self.rollouts.options
-            self.split_cache = SplitCache.open(
-                self._machine_cores, options.num_workers, self.lightning_module.model_path,
-                workload_of(self.lightning_module, trainer, options),
-            )  # fmt: skip
+            self.split_cache = self._open_split_cache()
             hit = self.split_cache.hit
             if hit is not None:
                 self.split_start, self.trainer_cores = hit.split, list(hit.split.trainer_cores)
@@ -278,6 +275,16 @@ class RolloutsMixin:
         if (getattr(self, "num_processes", 1) or 1) > 1:
             raise ValueError("worker_cores='auto' needs one training process (no DDP/FSDP)")
 
+    def _open_split_cache(self) -> SplitCache:
+        """This run's place in the hardware split cache (its machine, workers, model and
+        workload): where ``worker_cores: auto`` starts from, and what a fixed split advises
+        from."""
+        module, options = self.lightning_module, self.rollouts.options
+        workload = workload_of(module, module.trainer, options)
+        return SplitCache.open(
+            self._machine_cores, options.num_workers, module.model_path, workload
+        )
+
     def _split_advisor(self) -> SplitAdvisor | None:
         """Rank 0's advisor (the workers' spans are recorded there); ``None`` without Ray."""
         options = self.rollouts.options
@@ -292,11 +299,7 @@ class RolloutsMixin:
         devices = getattr(self, "parallel_devices", None) or [self.root_device]  # type: ignore[attr-defined]
         known = None  # what a worker_cores: auto run of this workload measured, if one did
         if not self.rollout_settings.on_gpu:
-            module = self.lightning_module
-            workload = workload_of(module, module.trainer, options)
-            known = SplitCache.open(
-                self._machine_cores, options.num_workers, module.model_path, workload
-            ).hit
+            known = self._open_split_cache().hit
         return log_only_advisor(
             options, self.trainer_cores, self._machine_cores, self.rollout_settings,
             len(devices), self.split_after, model=known.model if known else None,
