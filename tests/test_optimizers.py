@@ -13,7 +13,7 @@ from rl_helpers import length_reward
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.cli import main
-from periodic_rl.optim import fused_supported
+from periodic_rl.optim import fused_allowed, fused_supported
 
 LR = 1e-2
 
@@ -99,12 +99,38 @@ def test_constant_by_default(tiny_llama_path, tmp_path):
     assert all(s["step"].item() == 2 for s in optimizer.state.values())
 
 
-def test_mixed_precision_clips_with_the_unfused_kernel(tiny_llama_path, tmp_path):
-    """Lightning's AMP plugins refuse to clip the gradients of a fused optimizer (it would
-    unscale them inside its step): under ``bf16-mixed`` the optimizer is torch's default one,
-    and the clipped run trains."""
-    trainer, rates = fit(tmp_path, tiny_llama_path, 2, precision="bf16-mixed", max_grad_norm=1.0)
-    assert rates == [LR, LR] and trainer.optimizers[0].defaults["fused"] is None
+def test_bf16_mixed_keeps_the_fused_kernel_and_clips(tiny_llama_path, tmp_path):
+    """``bf16-mixed`` has no loss scaler, so nothing for a fused step to unscale: the fused
+    kernel stays (Lightning's AMP plugin would refuse to clip its gradients), and the gradients
+    are clipped: to a norm so small here that AdamW barely moves the weights."""
+    from transformers import AutoModelForCausalLM
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_llama_path).state_dict()
+    moved = {}
+    for clip in (None, 1e-12):
+        trainer, rates = fit(
+            tmp_path / str(clip), tiny_llama_path, 1, precision="bf16-mixed", max_grad_norm=clip
+        )
+        assert rates == [LR] and trainer.optimizers[0].defaults["fused"] is True
+        policy = trainer.lightning_module.policy
+        moved[clip] = max((p - start[n]).abs().max().item() for n, p in policy.named_parameters())
+    assert moved[None] > 1e-3 > 1e-4 > moved[1e-12], moved
+
+
+def test_fused_only_under_plugins_without_a_loss_scaler():
+    """Under a loss scaler (``16-mixed``; on the CPU Lightning turns it into ``bf16-mixed``,
+    hence no fit here) a fused step would unscale the gradients after they were clipped: the
+    optimizer is torch's default one there."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import FSDPPrecision, MixedPrecision, Precision
+
+    def allowed(plugin) -> bool:
+        return fused_allowed(SimpleNamespace(_trainer=SimpleNamespace(precision_plugin=plugin)))
+
+    assert allowed(Precision()) and allowed(MixedPrecision("bf16-mixed", "cpu"))
+    assert not allowed(MixedPrecision("16-mixed", "cpu"))
+    assert not allowed(FSDPPrecision("bf16-mixed"))
 
 
 def test_fused_only_where_torch_has_the_kernel():

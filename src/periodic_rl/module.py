@@ -363,7 +363,7 @@ class RLModule(L.LightningModule):
         tokens = stats.loss_tokens(self.hparams.mask_truncated_completions)
         self._normalise_gradients(strategy, optimizer, stats.num_sequences, tokens)
         if self.hparams.max_grad_norm is not None:
-            self.clip_gradients(optimizer, self.hparams.max_grad_norm, "norm")
+            optim.clip_gradients(self, optimizer, self.hparams.max_grad_norm)
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
         with nullcontext() if push else strategy.pushes_deferred():
             optimizer.step()

@@ -1,9 +1,9 @@
 """The optimizer and learning-rate schedule of :class:`~periodic_rl.RLModule`.
 
 AdamW over the trainable parameters (torch's fused kernel where every parameter and the precision
-plugin allow it: one pass over each tensor instead of one per arithmetic operation, ~5x faster on
-the CPU for a 135M model; transformers' ``adamw_torch_fused`` default), with one of
-transformers' schedules
+plugin allow it, ``bf16-mixed`` included: one pass over each tensor instead of one per
+arithmetic operation, ~5x faster on the CPU for a 135M model; transformers'
+``adamw_torch_fused`` default), with one of transformers' schedules
 (``transformers.get_scheduler``: ``linear``, ``cosine``, ``cosine_with_min_lr``,
 ``constant_with_warmup``, ``polynomial``, ...), the ones TRL's ``lr_scheduler_type`` names. The
 number of training steps is Lightning's ``trainer.estimated_stepping_batches`` (``max_steps``,
@@ -70,15 +70,40 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def fused_allowed(module: Any) -> bool:
-    """Whether the run's precision plugin takes a fused optimizer: Lightning's AMP plugins
-    (``16-mixed``, ``bf16-mixed``, FSDP's) refuse to clip the gradients of an optimizer that
-    would unscale them in its own ``step``, and DeepSpeed wraps the optimizer itself; the plain
-    plugins (``32-true``, ``bf16-true``, ``64-true``) take it."""
-    from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
+    """Whether the run's precision plugin takes a fused optimizer: the plain plugins
+    (``32-true``, ``bf16-true``, ``64-true``) and ``bf16-mixed``, which has no loss scaler.
+    Under a scaler (``16-mixed``) the fused kernel unscales the gradients inside its ``step``,
+    after clipping would have read them; FSDP's plugin and DeepSpeed (which wraps the optimizer
+    itself) keep torch's default."""
+    from lightning.pytorch.plugins.precision import (
+        DoublePrecision,
+        HalfPrecision,
+        MixedPrecision,
+        Precision,
+    )
 
     trainer = getattr(module, "_trainer", None)
     plugin = getattr(trainer, "precision_plugin", None)
-    return type(plugin) in (Precision, HalfPrecision, DoublePrecision)
+    unscaled_amp = type(plugin) is MixedPrecision and plugin.scaler is None
+    return unscaled_amp or type(plugin) in (Precision, HalfPrecision, DoublePrecision)
+
+
+def clip_gradients(module: Any, optimizer: Any, max_norm: float) -> None:
+    """Clip the gradients' total norm to ``max_norm`` through the precision plugin.
+
+    Lightning's AMP plugin refuses any optimizer whose ``step`` would unscale the gradients
+    (fused AdamW), since clipping scaled gradients is wrong. ``bf16-mixed`` has no scaler, so
+    there its base class's clipping (``torch.nn.utils.clip_grad_norm_`` over the optimizer's
+    parameters) is exactly right and the fused kernel stays.
+    """
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+    from lightning.pytorch.utilities import GradClipAlgorithmType
+
+    plugin = module.trainer.precision_plugin
+    if type(plugin) is MixedPrecision and plugin.scaler is None:
+        Precision.clip_gradients(plugin, optimizer, max_norm, GradClipAlgorithmType.NORM)
+    else:
+        module.clip_gradients(optimizer, max_norm, "norm")
 
 
 def configure_optimizers(module: Any) -> Any:

@@ -69,6 +69,38 @@ def test_backend_matches_naive(backend, kv_heads, scaling):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "split"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cpu_half_precision_attends_in_float32(backend, autocast, monkeypatch):
+    """bf16 in (a bf16 model, or autocast, where RoPE leaves q and k in float32): torch's CPU
+    kernel is called in float32 with autocast off (half precision is 2-3x slower there), and
+    the output comes back in the dtype SDPA would have returned."""
+    import periodic_rl.attention.backends as backends
+
+    seen = []
+    sdpa = backends.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", spy)
+    layout = SharedPromptLayout(*LAYOUT, backend=backend)
+    q, k, v = qkv(layout, dtype=torch.bfloat16)
+    opt = AttentionOptions()
+    if autocast:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = BACKENDS[backend].fn(q.float(), k.float(), v, layout, opt)
+    else:
+        got = BACKENDS[backend].fn(q, k, v, layout, opt)
+    assert seen and all(s == (torch.float32,) * 3 + (False,) for s in seen), seen
+    assert got.dtype == torch.bfloat16
+    expected = naive(q, k, v, layout, opt).to(torch.bfloat16)
+    torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)
+    grads = torch.autograd.grad(got.float().sum(), (q, k, v))
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3
+
+
 def test_flex_softcap_forward():
     layout = SharedPromptLayout(*LAYOUT, backend="flex")
     q, k, v = (x.detach() * 4 for x in qkv(layout))
