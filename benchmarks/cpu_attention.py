@@ -12,7 +12,7 @@ kernels are slower in bf16. This measures that claim twice, interleaved, on the 
   groups, in float32, under bf16 autocast with the attention in bf16, and under bf16 autocast as
   the library runs it.
 
-Run (2 cores, about 2 minutes)::
+Run (2 cores, under a minute)::
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/cpu_attention.py
 """
