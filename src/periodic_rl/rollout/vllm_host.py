@@ -25,23 +25,23 @@ from periodic_rl.rollout.processes import LEFTOVER_SHM_PREFIXES, descendants, sh
 SHM = Path("/dev/shm")
 
 
+def _set_environ(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @contextmanager
 def environ(values: dict[str, str | None]) -> Iterator[None]:
     """Set (or, for ``None``, remove) environment variables, restoring them afterwards."""
     saved = {name: os.environ.get(name) for name in values}
     try:
-        for name, value in values.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(values)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(saved)
 
 
 @contextmanager
