@@ -737,7 +737,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="bf16-mixed leaves fused AdamW (0.25 s a step instead of 0.07 on SmolLM2)",
         file="src/periodic_rl/optim.py",
-        old="    unscaled_amp = type(plugin) is MixedPrecision and plugin.scaler is None\n",
+        old="    unscaled_amp = _unscaled_amp(plugin)\n",
         new="    unscaled_amp = False\n",
         tests=("tests/test_optimizers.py::test_bf16_mixed_keeps_the_fused_kernel_and_clips",),
     ),

@@ -75,17 +75,19 @@ def fused_allowed(module: Any) -> bool:
     Under a scaler (``16-mixed``) the fused kernel unscales the gradients inside its ``step``,
     after clipping would have read them; FSDP's plugin and DeepSpeed (which wraps the optimizer
     itself) keep torch's default."""
-    from lightning.pytorch.plugins.precision import (
-        DoublePrecision,
-        HalfPrecision,
-        MixedPrecision,
-        Precision,
-    )
+    from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
 
     trainer = getattr(module, "_trainer", None)
     plugin = getattr(trainer, "precision_plugin", None)
-    unscaled_amp = type(plugin) is MixedPrecision and plugin.scaler is None
+    unscaled_amp = _unscaled_amp(plugin)
     return unscaled_amp or type(plugin) in (Precision, HalfPrecision, DoublePrecision)
+
+
+def _unscaled_amp(plugin: Any) -> bool:
+    """Lightning's AMP plugin without a loss scaler (``bf16-mixed``)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    return type(plugin) is MixedPrecision and plugin.scaler is None
 
 
 def clip_gradients(module: Any, optimizer: Any, max_norm: float) -> None:
@@ -96,11 +98,11 @@ def clip_gradients(module: Any, optimizer: Any, max_norm: float) -> None:
     there its base class's clipping (``torch.nn.utils.clip_grad_norm_`` over the optimizer's
     parameters) is exactly right and the fused kernel stays.
     """
-    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+    from lightning.pytorch.plugins.precision import Precision
     from lightning.pytorch.utilities import GradClipAlgorithmType
 
     plugin = module.trainer.precision_plugin
-    if type(plugin) is MixedPrecision and plugin.scaler is None:
+    if _unscaled_amp(plugin):
         Precision.clip_gradients(plugin, optimizer, max_norm, GradClipAlgorithmType.NORM)
     else:
         module.clip_gradients(optimizer, max_norm, "norm")
