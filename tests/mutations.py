@@ -661,6 +661,23 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
     ),
     Mutation(
+        name="the tied lm_head keeps its own stale kernel instead of its owner's",
+        file="src/periodic_rl/compat/vllm.py",
+        old="            module.cpu_linear = kernel\n",
+        new="            pass\n",
+        tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
+    ),
+    Mutation(
+        name="a tied lm_head is fed to vLLM's reload again (the vocabulary processed twice)",
+        file="src/periodic_rl/rollout/vllm_worker.py",
+        old="            tied.add(name)\n",
+        new="            pass\n",
+        tests=(
+            "tests/rollout/test_vllm_engine.py::"
+            "test_a_tied_push_packs_the_vocabulary_once_and_lands_bit_for_bit",
+        ),
+    ),
+    Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
         old="                if lendable and stream.closed:",

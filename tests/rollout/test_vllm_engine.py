@@ -66,6 +66,48 @@ def test_weight_push_lands(vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer, r
     assert (after - before).abs().max().item() > 1e-2
 
 
+def _packs_during_push(worker, state_dict: dict[str, torch.Tensor]) -> dict:
+    from vllm import _custom_ops as ops
+
+    from periodic_rl.rollout import vllm_worker
+
+    create, shapes = ops.create_onednn_mm, []
+
+    def recording(weight: torch.Tensor, cache_size: int):
+        shapes.append(tuple(weight.shape))
+        return create(weight, cache_size)
+
+    ops.create_onednn_mm = recording
+    try:
+        fingerprint, _ = vllm_worker.load_weights(worker, state_dict)
+    finally:
+        ops.create_onednn_mm = create
+    tied = vllm_worker.tied_aliases(worker, state_dict)
+    return {"fingerprint": fingerprint, "shapes": shapes, "tied": tied}
+
+
+def test_a_tied_push_packs_the_vocabulary_once_and_lands_bit_for_bit(
+    vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer, ref_logprobs
+):
+    """A tied ``lm_head.weight`` arrives as the embedding's tensor under a second name: vLLM
+    loads it once (fed twice, the reload copies and repacks the whole vocabulary again), the
+    head takes the embedding's new CPU kernel, and the fingerprint still covers both names."""
+    trainer = make_trainer(vllm_tiny_path, scale=0.02, seed=4)
+    state_dict = trainer.state_dict()
+    embedding = state_dict["model.embed_tokens.weight"]
+    assert state_dict["lm_head.weight"].data_ptr() == embedding.data_ptr()
+    try:
+        (got,) = vllm_tiny.llm.collective_rpc(_packs_during_push, args=(state_dict,))
+        assert vllm_tiny.llm.reset_prefix_cache()
+        logps = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
+    finally:
+        vllm_tiny.load_weights(state_dict)  # the engine's own push: its fingerprint
+    assert got["tied"] == {"lm_head.weight"}
+    assert sum(embedding.shape[0] in shape for shape in got["shapes"]) == 1
+    assert got["fingerprint"] == weights_fingerprint(state_dict)
+    assert (logps - ref_logprobs(trainer, fixed_ids)).abs().max().item() < 1e-5
+
+
 def test_push_resets_the_prefix_cache(vllm_tiny, vllm_tiny_path, make_trainer, ref_logprobs):
     """Generation after a push must not reuse KV blocks computed with the old weights.
 

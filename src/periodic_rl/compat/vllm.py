@@ -136,28 +136,36 @@ def reload_worker_weights(
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> list[str]:
-    """Rebuild the CPU GEMM of every layer that shares its weight with another and was not
-    re-processed by the reload; returns their names.
+    """Give every layer that shares its weight with another the CPU GEMM kernel of that weight
+    as it is now; returns their names.
 
     vLLM's CPU backend gives each linear-like layer a ``cpu_linear`` kernel built from its weight
     after loading (a oneDNN matmul handle, which may hold the weight in its own layout). A tied
     ``lm_head`` (its weight is the embedding's) receives nothing in an in-place reload, so vLLM
     leaves its kernel as built from the checkpoint, while the embedding's values change under
     it: the logits then come, for some batch sizes, from the old weights
-    (``tests/repro_vllm_reload.py``). Relies on vllm 0.32.0 internals: ``cpu_linear`` set by
+    (``tests/repro_vllm_reload.py``). The layer takes the kernel of the weight's owner (the
+    first module holding it, rebuilt whenever its weight is loaded) when both use the same
+    method: the same kernel, without packing the whole vocabulary once more; else it is
+    rebuilt. Relies on vllm 0.32.0 internals: ``cpu_linear`` set by
     ``UnquantizedEmbeddingMethod.process_weights_after_loading`` on the CPU.
     """
     refreshed = []
-    owners: dict[int, str] = {}
+    owners: dict[int, torch.nn.Module] = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.numel() == 0:
             continue
-        first = owners.setdefault(id(weight), name)
+        owner = owners.setdefault(id(weight), module)
         method = getattr(module, "quant_method", None)
-        if first != name and hasattr(module, "cpu_linear") and method is not None:
+        if owner is module or not hasattr(module, "cpu_linear") or method is None:
+            continue
+        kernel = getattr(owner, "cpu_linear", None)
+        if kernel is not None and type(getattr(owner, "quant_method", None)) is type(method):
+            module.cpu_linear = kernel
+        else:
             method.process_weights_after_loading(module)
-            refreshed.append(name)
+        refreshed.append(name)
     return refreshed
 
 

@@ -42,7 +42,9 @@ def load_weights(
     fingerprint of what the reload took in and what vLLM holds after it (:func:`_verified`),
     with the seconds of both steps (``reload_s``, ``verify_s``)."""
     began = time.perf_counter()
-    fed, loaded = _reload(worker, state_dict.items(), partial)
+    tied = tied_aliases(worker, state_dict)
+    fed, loaded = _reload(worker, [(n, t) for n, t in state_dict.items() if n not in tied], partial)
+    fed.update({name: state_dict[name] for name in tied})  # hashed as read back: one tensor
     reloaded = time.perf_counter()
     fingerprint = _verified(worker, state_dict, fed, loaded, partial)
     timings = {"reload_s": reloaded - began, "verify_s": time.perf_counter() - reloaded}
@@ -96,6 +98,26 @@ def _verified(
         own = params.get(name)
         held[name] = own if own is not None and own.shape == tensor.shape else tensor
     return loaded_fingerprint(received, held)
+
+
+def tied_aliases(worker: Any, state_dict: dict[str, torch.Tensor]) -> set[str]:
+    """Names of ``state_dict`` vLLM need not load: the tensor arrived under an earlier name
+    too, and vLLM's model ties both names to one parameter (a tied ``lm_head.weight``).
+
+    Fed twice, vLLM's reload processes the embedding twice (a fresh copy and, on the CPU, a
+    oneDNN repack of the whole vocabulary each time: one of the three such packs of a
+    SmolLM2 push). The fingerprint still covers such a name, read back from the tied
+    parameter after the reload."""
+    params = dict(worker_model(worker).named_parameters(remove_duplicate=False))
+    first: dict[tuple, str] = {}
+    tied = set()
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        earlier = first.setdefault(key, name)
+        param = params.get(name)
+        if earlier != name and param is not None and param is params.get(earlier):
+            tied.add(name)
+    return tied
 
 
 def packed_modules(worker: Any) -> dict[str, list[str]]:
