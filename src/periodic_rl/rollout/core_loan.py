@@ -9,12 +9,13 @@ workers load the new weights and then generate the next iteration. The update is
 either way (the same operations, on more threads).
 
 The other way round, the trainer only waits while the workers load a weight push: each worker
-borrows the trainer's cores for the load and gives them back before it generates again. vLLM's
-CPU worker ignores ``torch.set_num_threads`` once it has bound its threads, so the load keeps
-its thread count; it gains the other core for its one thread, and measured faster for it
-(``benchmarks/push.py --modes default no-loans``). The first generate call of an iteration,
-which the trainer also only waits for, gained nothing measurable the same way (vLLM's decoding
-keeps the threads it bound at start), so a worker borrows for loads only.
+borrows the trainer's cores for the load and gives them back before it generates again. The
+load's torch thread pool grows to the borrowed cores (vLLM's CPU worker disables
+``torch.set_num_threads`` at start; the engine puts it back,
+:func:`periodic_rl.rollout.vllm_host.host_state_preserved`), and the reload measured faster for
+it (``benchmarks/push.py --modes default no-loans``). The first generate call of an iteration,
+which the trainer also only waits for, gained nothing measurable when tried by hand, so a worker
+borrows for loads only.
 
 Only the threads that ran on the borrower's cores when the loan began move (and those started
 during the loan on the widened set, such as new OpenMP workers): a thread that chose its own
