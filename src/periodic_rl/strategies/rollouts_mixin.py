@@ -80,7 +80,7 @@ ROLLOUT_ARGS_DOC = """
         lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
             machine: once an iteration is generated, the trainer also uses the workers' cores
             for its last micro-batches and the optimizer step, and gives them back before the
-            weight push (:mod:`periodic_rl.rollout.core_loan`; 1.08-1.09x per step where measured,
+            weight push (:mod:`periodic_rl.rollout.core_loan`; 1.06-1.09x per step where measured,
             docs/overlap.md); while the trainer waits for a weight push, the workers load it
             on the trainer's cores as well. ``False``: each side keeps to its own cores
             throughout.
