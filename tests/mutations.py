@@ -672,6 +672,16 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="the report counts no time of the workers' cores lent to the trainer",
+        file="src/periodic_rl/rollout/timing.py",
+        old=(
+            '        "cores_lent_time": measure([(s.start, s.end) for s in spans '
+            "if s.lane == LOAN_LANE]),\n"
+        ),
+        new='        "cores_lent_time": 0.0,\n',
+        tests=("tests/rollout/test_timing.py::test_summary_of_an_overlapped_iteration",),
+    ),
+    Mutation(
         name="the tied lm_head keeps its own stale kernel instead of its owner's",
         file="src/periodic_rl/compat/vllm.py",
         old="            module.cpu_linear = kernel\n",

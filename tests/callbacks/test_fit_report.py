@@ -39,17 +39,22 @@ def test_reward_curve_png(full_run):
 
 
 def test_pipeline_shares_weight_each_iteration_by_its_wall_time():
-    def summary(wall, busy, training, push, workers=2.0):
+    def summary(wall, busy, training, push, lent, workers=2.0):
         return {
             "wall_time": wall,
             "worker_busy_time": busy,
             "training_time": training,
             "push_time": push,
+            "cores_lent_time": lent,
             "num_workers": workers,
         }
 
-    shares = pipeline_shares([summary(10.0, 15.0, 6.0, 1.0), summary(30.0, 45.0, 24.0, 2.0)])
+    shares = pipeline_shares(
+        [summary(10.0, 15.0, 6.0, 1.0, 2.0), summary(30.0, 45.0, 24.0, 2.0, 4.0)]
+    )
     assert shares["worker_idle"] == pytest.approx(1 - 60 / 80)
+    assert shares["cores_lent"] == pytest.approx(6 / 40)
     assert shares["trainer_idle"] == pytest.approx(1 - 30 / 40)
     assert shares["push"] == pytest.approx(3 / 40)
-    assert pipeline_shares([]) == {"worker_idle": 0.0, "trainer_idle": 0.0, "push": 0.0}
+    empty = {"worker_idle": 0.0, "cores_lent": 0.0, "trainer_idle": 0.0, "push": 0.0}
+    assert pipeline_shares([]) == empty

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from periodic_rl.rollout.timing import (
+    LOAN_LANE,
     Span,
     SpanRecorder,
     intersection,
@@ -40,6 +41,7 @@ def overlapped_iteration() -> SpanRecorder:
     rec.add("train micro-batch", "trainer", 4, 7)
     rec.add("wait", "trainer", 7, 8)
     rec.add("train micro-batch", "trainer", 8, 11)
+    rec.add("cores lent", LOAN_LANE, 10, 11)  # after the last generation, before the push
     rec.add("weight push", "trainer", 11, 12)
     rec.add("weight push", "weights", 11, 12)  # the same push recorded twice: counted once
     return rec
@@ -54,6 +56,7 @@ def test_summary_of_an_overlapped_iteration():
     assert s["training_time"] == pytest.approx(6)
     assert s["trainer_idle_time"] == pytest.approx(5)
     assert s["push_time"] == pytest.approx(1)
+    assert s["cores_lent_time"] == pytest.approx(1)
     # Training during generation: [4, 7] and [8, 10] -> 5 of 10 s.
     assert s["overlap_ratio"] == pytest.approx(0.5)
     assert s["num_workers"] == 2

@@ -88,15 +88,18 @@ def reward_curve_png(
 def pipeline_shares(summaries: list[dict[str, float]]) -> dict[str, float]:
     """Idle and push shares over many iterations' span summaries
     (:meth:`~periodic_rl.rollout.timing.SpanRecorder.summary`), each weighted by its wall time:
-    ``worker_idle`` (the fraction of the workers' time not generating), ``trainer_idle`` (not
-    training: waiting for rollouts, pushing, anything else) and ``push``."""
+    ``worker_idle`` (the fraction of the workers' time not generating), ``cores_lent`` (of the
+    time, the fraction the idle workers' cores were the trainer's: ``lend_idle_cores``; a part
+    of ``worker_idle``), ``trainer_idle`` (not training: waiting for rollouts, pushing, anything
+    else) and ``push``."""
     wall = sum(s["wall_time"] for s in summaries)
     worker_wall = sum(s["wall_time"] * s["num_workers"] for s in summaries)
     if wall <= 0:
-        return {"worker_idle": 0.0, "trainer_idle": 0.0, "push": 0.0}
+        return {"worker_idle": 0.0, "cores_lent": 0.0, "trainer_idle": 0.0, "push": 0.0}
     busy = sum(s["worker_busy_time"] for s in summaries)
     return {
         "worker_idle": 1.0 - busy / worker_wall if worker_wall > 0 else 0.0,
+        "cores_lent": sum(s.get("cores_lent_time", 0.0) for s in summaries) / wall,
         "trainer_idle": 1.0 - sum(s["training_time"] for s in summaries) / wall,
         "push": sum(s["push_time"] for s in summaries) / wall,
     }
@@ -208,7 +211,8 @@ class FitReport(Callback):
             f"- pipeline (mean per iteration): overlap ratio {mean('overlap_ratio'):.0%}, "
             f"generation {mean('generation_time'):.2f} s, training {mean('training_time'):.2f} s,"
             f" trainer idle {mean('trainer_idle_time'):.2f} s, push {mean('push_time'):.2f} s",
-            f"- shares of all iterations' time: worker idle {shares['worker_idle']:.0%}, "
+            f"- shares of all iterations' time: worker idle {shares['worker_idle']:.0%} (its "
+            f"cores the trainer's for {shares['cores_lent']:.0%} of the time: lend_idle_cores), "
             f"trainer idle {shares['trainer_idle']:.0%} (not training: waiting or pushing), "
             f"push {shares['push']:.0%}",
         ]

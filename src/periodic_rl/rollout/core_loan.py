@@ -32,11 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from periodic_rl.rollout.options import RolloutOptions
+from periodic_rl.rollout.timing import LOAN_LANE
 
 __all__ = ["LOAN_LANE", "CoreLoan", "lendable_cores"]
-
-#: The timeline lane of the loans (neither training nor waiting in a span summary).
-LOAN_LANE = "trainer cores lent"
 
 
 def _thread_ids() -> set[int]:

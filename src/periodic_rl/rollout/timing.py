@@ -25,6 +25,8 @@ from typing import Any
 
 TRAINER_LANE = "trainer"
 WORKER_LANE_PREFIX = "worker-"
+#: The lane of the trainer's loans of idle worker cores (:mod:`periodic_rl.rollout.core_loan`).
+LOAN_LANE = "trainer cores lent"
 WAIT_NAMES = frozenset({"wait"})
 PUSH_NAMES = frozenset({"weight push"})
 
@@ -167,7 +169,8 @@ class SpanRecorder:
         Keys: ``wall_time`` (first start to last end), ``generation_time`` (some worker
         generating), ``worker_busy_time`` (summed over workers), ``worker_idle_time`` (summed
         over workers, within the generation window), ``training_time``, ``trainer_idle_time``
-        (waiting for rollouts), ``push_time``, ``overlap_ratio`` (fraction of generation time
+        (waiting for rollouts), ``push_time``, ``cores_lent_time`` (the workers' idle cores in
+        the trainer's use: ``lend_idle_cores``), ``overlap_ratio`` (fraction of generation time
         during which the trainer was training; 0 without generation), ``num_workers``.
         """
         if spans is None:
@@ -249,6 +252,7 @@ def summarize(spans: list[Span]) -> dict[str, float]:
         "training_time": measure(training),
         "trainer_idle_time": measure(waiting),
         "push_time": measure(pushes),
+        "cores_lent_time": measure([(s.start, s.end) for s in spans if s.lane == LOAN_LANE]),
         "overlap_ratio": overlap / generation_time if generation_time > 0 else 0.0,
         "num_workers": float(len(worker_lanes)),
     }
