@@ -33,6 +33,7 @@ from periodic_rl.compat.vllm import (
     worker_quantization,
 )
 from periodic_rl.weight_sync.fingerprint import loaded_fingerprint
+from periodic_rl.weight_sync.transport import same_tensor_key
 
 
 def load_weights(
@@ -112,8 +113,8 @@ def tied_aliases(worker: Any, state_dict: dict[str, torch.Tensor]) -> set[str]:
     first: dict[tuple, str] = {}
     tied = set()
     for name, tensor in state_dict.items():
-        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        earlier = first.setdefault(key, name)
+        key = same_tensor_key(tensor)
+        earlier = first.setdefault(key, name) if key is not None else name
         param = params.get(name)
         if earlier != name and param is not None and param is params.get(earlier):
             tied.add(name)

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 _VIEW_AS_INT16 = ("bfloat16",)
 
 
+def same_tensor_key(tensor: torch.Tensor) -> tuple | None:
+    """A key equal for two names of one tensor (tied weights: the same storage, dtype, shape
+    and strides); None for an empty tensor (every empty tensor may report address 0)."""
+    if not tensor.numel():
+        return None
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+
+
 def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """``state_dict`` as numpy views (no copy for contiguous CPU tensors) for one ``ray.put``.
 
@@ -35,8 +43,8 @@ def to_payload(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     seen: dict[tuple, str] = {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach()
-        if tensor.device.type == "cpu" and tensor.numel():
-            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        key = same_tensor_key(tensor) if tensor.device.type == "cpu" else None
+        if key is not None:
             if key in seen:
                 aliases[name] = seen[key]
                 continue
