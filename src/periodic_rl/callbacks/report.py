@@ -99,7 +99,7 @@ def pipeline_shares(summaries: list[dict[str, float]]) -> dict[str, float]:
     busy = sum(s["worker_busy_time"] for s in summaries)
     return {
         "worker_idle": 1.0 - busy / worker_wall if worker_wall > 0 else 0.0,
-        "cores_lent": sum(s.get("cores_lent_time", 0.0) for s in summaries) / wall,
+        "cores_lent": sum(s["cores_lent_time"] for s in summaries) / wall,
         "trainer_idle": 1.0 - sum(s["training_time"] for s in summaries) / wall,
         "push": sum(s["push_time"] for s in summaries) / wall,
     }
