@@ -701,11 +701,31 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
-        old="                if lendable and stream.closed:",
-        new="                if lendable:",
+        old="                if stream.closed:  # everything generated: the workers are idle",
+        new="                if True:",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",
+        ),
+    ),
+    Mutation(
+        name="the trainer borrows the worker's cores mid-micro-batch before generation ends",
+        file="src/periodic_rl/rollout/controller.py",
+        old="lambda: stream.closed",
+        new="lambda: True",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_loans_fall_between_generation_and_push_and_change_no_update",
+        ),
+    ),
+    Mutation(
+        name="the trainer lends only at micro-batch boundaries (no lend points inside one)",
+        file="src/periodic_rl/rollout/core_loan.py",
+        old="    with torch.autograd.graph.saved_tensors_hooks(point, point):\n        yield\n",
+        new="    yield\n",
+        tests=(
+            "tests/rollout/test_core_loan.py::"
+            "test_a_loan_begins_inside_the_backward_that_was_training_when_generation_ended",
         ),
     ),
     Mutation(

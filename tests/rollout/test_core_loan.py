@@ -14,7 +14,7 @@ import pytest
 import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, max_diff, train
 
-from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan
+from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lend_once_ready
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
 from periodic_rl.rollout.worker import RolloutWorker
@@ -72,6 +72,37 @@ def test_a_loan_widens_the_trainers_threads_and_gives_them_back():
     finally:
         for thread in (pinned, chosen):
             thread.release.set()
+
+
+@needs_two_cores
+def test_a_loan_begins_inside_the_backward_that_was_training_when_generation_ended():
+    """Generation ends while a micro-batch trains: the cores are lent at the next tensor that
+    micro-batch's backward reads back, not at its end; another thread's autograd lends
+    nothing; the gradients are those of a run without the lend points."""
+    os.sched_setaffinity(0, {CORES[0]})
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(3)))
+    inputs = torch.randn(8, 16)
+    model(inputs).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    other = torch.nn.Linear(16, 16)
+    loan, generated = CoreLoan(), threading.Event()
+    with lend_once_ready(loan, CORES[1:2], generated.is_set):
+        loss = model(inputs).square().sum()
+        assert not loan.lent  # the forward saved its tensors before generation ended
+        generated.set()
+        elsewhere = threading.Thread(target=lambda: other(inputs).sum().backward())
+        elsewhere.start()
+        elsewhere.join()
+        assert not loan.lent
+        loss.backward()
+        assert loan.lent and loan.loans == 1  # inside the backward, still in the block
+        assert os.sched_getaffinity(0) == {CORES[0], CORES[1]} and torch.get_num_threads() == 2
+    assert loan.give_back() is not None
+    for param, grad in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-6, atol=1e-7)
 
 
 def test_no_loan_of_cores_the_trainer_has():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
-from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lendable_cores
+from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lend_once_ready, lendable_cores
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.options import RolloutOptions
@@ -346,9 +346,13 @@ class RolloutController:
                     thread.join()  # the synchronous baseline: generate everything, then train
             lendable = lendable_cores(self.options, self.link.world_size)
             for groups in self._timed_micro_batches(stream, micro_batch_size):
-                if lendable and stream.closed:  # everything generated: the workers are idle
+                if not lendable:
+                    yield groups
+                    continue
+                if stream.closed:  # everything generated: the workers are idle
                     self._lend(lendable)
-                yield groups
+                with lend_once_ready(self.core_loan, lendable, lambda: stream.closed):
+                    yield groups  # generation may end while this one trains
             if lendable:  # for the optimizer step
                 self._lend(lendable)
             if dynamic is not None:

@@ -17,6 +17,12 @@ it (``benchmarks/push.py --modes default no-loans``). The first generate call of
 which the trainer also only waits for, gained nothing measurable when tried by hand, so a worker
 borrows for loads only.
 
+The trainer does not wait for the end of the micro-batch it is in when generation ends: while
+one trains, :func:`lend_once_ready` checks at every tensor the forward saves for backward and
+every one the backward reads back (autograd's saved-tensor hooks, on the training thread) and
+lends at the first such point after the last group was generated. In the demo's timeline the
+loan began up to a whole micro-batch (over a second) after the worker's last call otherwise.
+
 Only the threads that ran on the borrower's cores when the loan began move (and those started
 during the loan on the widened set, such as new OpenMP workers): a thread that chose its own
 cores (a background checkpoint writer allowed on every core) keeps them. Thread counts must be
@@ -27,14 +33,16 @@ belong on that thread.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.timing import LOAN_LANE
 
-__all__ = ["LOAN_LANE", "CoreLoan", "lendable_cores"]
+__all__ = ["LOAN_LANE", "CoreLoan", "lend_once_ready", "lendable_cores"]
 
 
 def _thread_ids() -> set[int]:
@@ -114,6 +122,26 @@ class CoreLoan:
         self.lent_s += end - self._since
         self.own, self._moved, self._before = None, set(), set()
         return self._since, end
+
+
+@contextmanager
+def lend_once_ready(loan: CoreLoan, cores: list[int], ready: Callable[[], bool]) -> Iterator[None]:
+    """While the block runs on this thread, lend ``cores`` at the first point ``ready()`` is
+    true: each tensor autograd saves for backward (forward) or reads back (backward) on this
+    thread is such a point. Thread counts are per thread, so only this thread lends; other
+    threads' autograd passes no point (the hooks are this thread's). The hooks pass every
+    tensor through unchanged."""
+    import torch
+
+    thread = threading.get_ident()
+
+    def point(tensor: torch.Tensor) -> torch.Tensor:
+        if not loan.lent and threading.get_ident() == thread and ready():
+            loan.lend(cores)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(point, point):
+        yield
 
 
 def lendable_cores(options: RolloutOptions, world_size: int) -> list[int]:
