@@ -79,7 +79,8 @@ ROLLOUT_ARGS_DOC = """
             two sides do not fight over cores; chosen by ``worker_cores: auto``).
         lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
             machine: once an iteration is generated, the trainer also uses the workers' cores
-            for its last micro-batches and the optimizer step, and gives them back before the
+            from that moment (inside the micro-batch it is training) through the optimizer
+            step, and gives them back before the
             weight push (:mod:`periodic_rl.rollout.core_loan`; 1.06-1.09x per step where measured,
             docs/overlap.md); while the trainer waits for a weight push, the workers load it
             on the trainer's cores as well. ``False``: each side keeps to its own cores
