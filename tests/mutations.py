@@ -699,6 +699,42 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="a fast reload leaves the tied head on the old embedding's kernel",
+        file="src/periodic_rl/compat/vllm_fast_reload.py",
+        old=(
+            "            for module in (embedding, *tied):\n"
+            "                module.cpu_linear = None\n"
+            "            embedding.quant_method.process_weights_after_loading(embedding)\n"
+            "            for module in tied:\n"
+            "                module.cpu_linear = embedding.cpu_linear\n"
+        ),
+        new="            embedding.quant_method.process_weights_after_loading(embedding)\n",
+        tests=(
+            "tests/rollout/test_vllm_engine.py::"
+            "test_the_fast_full_reload_builds_the_kernels_vllms_reload_builds",
+        ),
+    ),
+    Mutation(
+        name="a fast reload packs a fused layer before all its shards arrived",
+        file="src/periodic_rl/compat/vllm_fast_reload.py",
+        old='if state["loaded"] >= meta.numel():',
+        new='if state["loaded"] >= 1:',
+        tests=(
+            "tests/rollout/test_vllm_engine.py::"
+            "test_the_fast_full_reload_builds_the_kernels_vllms_reload_builds",
+        ),
+    ),
+    Mutation(
+        name="a fast reload packs o_proj/down_proj from the staging buffer it never filled",
+        file="src/periodic_rl/compat/vllm_fast_reload.py",
+        old='source = staged if state["pushed"] is None else state["pushed"]',
+        new="source = staged",
+        tests=(
+            "tests/rollout/test_vllm_engine.py::"
+            "test_the_fast_full_reload_builds_the_kernels_vllms_reload_builds",
+        ),
+    ),
+    Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
         old="                if stream.closed:  # everything generated: the workers are idle",

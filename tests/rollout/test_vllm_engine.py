@@ -126,6 +126,40 @@ def test_a_tied_push_packs_the_vocabulary_once_and_lands_bit_for_bit(
     assert (logps - ref_logprobs(trainer, fixed_ids)).abs().max().item() < 1e-5
 
 
+def _reload_through(worker, state_dict: dict[str, torch.Tensor], fast: bool) -> bool:
+    """Reload ``state_dict`` through the fast full reload or vLLM's own; returns whether the
+    fast one serves this model."""
+    from periodic_rl.compat.vllm import reload_worker_weights
+    from periodic_rl.compat.vllm_fast_reload import fast_reload_for
+
+    reload_worker_weights(worker, list(state_dict.items()), full=fast)
+    return fast_reload_for(worker) is not None
+
+
+def test_the_fast_full_reload_builds_the_kernels_vllms_reload_builds(
+    vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer
+):
+    """A full push skips vLLM's layer-wise reload (staging buffers reused, o_proj/down_proj
+    packed straight from the pushed tensors, the embedding packed once for its tied head): the
+    engine then computes exactly what it computes after vLLM's reload of the same weights,
+    also after a push of other weights through the reused buffers."""
+    first = make_trainer(vllm_tiny_path, scale=0.02, seed=5).state_dict()
+    other = make_trainer(vllm_tiny_path, scale=0.02, seed=6).state_dict()
+    try:
+        (serves,) = vllm_tiny.llm.collective_rpc(_reload_through, args=(first, False))
+        assert serves  # the tiny Llama is one the fast reload serves
+        assert vllm_tiny.llm.reset_prefix_cache()
+        expected = vllm_tiny.prompt_logprobs(fixed_ids)
+        vllm_tiny.llm.collective_rpc(_reload_through, args=(other, True))
+        assert vllm_tiny.llm.reset_prefix_cache()
+        assert vllm_tiny.prompt_logprobs(fixed_ids) != expected  # the other push landed
+        vllm_tiny.llm.collective_rpc(_reload_through, args=(first, True))
+        assert vllm_tiny.llm.reset_prefix_cache()
+        assert vllm_tiny.prompt_logprobs(fixed_ids) == expected  # bit for bit
+    finally:
+        vllm_tiny.load_weights(first)  # the engine's own push: its fingerprint
+
+
 def test_push_resets_the_prefix_cache(vllm_tiny, vllm_tiny_path, make_trainer, ref_logprobs):
     """Generation after a push must not reuse KV blocks computed with the old weights.
 

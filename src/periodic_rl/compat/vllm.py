@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from periodic_rl.compat.vllm_fast_reload import fast_reload_for, recording
+
 # ---- the LLM object -------------------------------------------------------------------------
 
 
@@ -92,11 +94,15 @@ def packed_modules_mapping(model: Any) -> dict[str, list[str]]:
 
 
 def reload_worker_weights(
-    worker: Any, weights: Iterable[tuple[str, torch.Tensor]]
+    worker: Any, weights: Iterable[tuple[str, torch.Tensor]], full: bool = False
 ) -> tuple[dict[str, torch.Tensor], set[str] | None]:
     """Reload the worker's model in place from ``(name, tensor)`` pairs (transformers names)
     and return what vLLM's loader took: the pairs ``model.load_weights`` pulled from the
     iterator, and the parameter names it reported loaded (``None``: it reported none).
+
+    ``full`` (every weight of the model is pushed): through
+    :class:`periodic_rl.compat.vllm_fast_reload.FastReload` where it serves the model (the same
+    kernels, less work around them); otherwise, and for partial pushes, as follows.
 
     Relies on vllm 0.32.0 internals: ``worker.reload_weights(weights_iterator=...)`` (it wraps
     ``worker.model_runner.reload_weights`` in ``set_current_vllm_config``, which some weight
@@ -105,19 +111,18 @@ def reload_worker_weights(
     up on the model instance (so a recording wrapper set there sees every tensor), whose return
     value is the set of loaded parameter names.
     """
+    fed: dict[str, torch.Tensor] = {}
+    fast = fast_reload_for(worker) if full else None
+    if fast is not None:
+        loaded = fast.reload(worker, recording(list(weights), fed))
+        return fed, set(loaded) if loaded is not None else None
     reload = getattr(worker, "reload_weights", None) or worker.model_runner.reload_weights
     model = worker_model(worker)
-    fed: dict[str, torch.Tensor] = {}
     report: dict[str, Any] = {}
     load = model.load_weights
 
     def recording_load(pairs: Iterable[tuple[str, torch.Tensor]]) -> Any:
-        def pulled() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in pairs:
-                fed[name] = tensor
-                yield name, tensor
-
-        report["loaded"] = load(pulled())
+        report["loaded"] = load(recording(pairs, fed))
         return report["loaded"]
 
     shadowed = "load_weights" in vars(model)

@@ -142,4 +142,4 @@ def _reload(
     A partial reload makes vLLM warn about every weight (and layer) it was not given, each
     push: those warnings are silenced."""
     with quiet_reload_warnings() if partial else nullcontext():
-        return reload_worker_weights(worker, weights)
+        return reload_worker_weights(worker, weights, full=not partial)
