@@ -145,17 +145,18 @@ def test_the_fast_full_reload_builds_the_kernels_vllms_reload_builds(
     also after a push of other weights through the reused buffers."""
     first = make_trainer(vllm_tiny_path, scale=0.02, seed=5).state_dict()
     other = make_trainer(vllm_tiny_path, scale=0.02, seed=6).state_dict()
-    try:
-        (serves,) = vllm_tiny.llm.collective_rpc(_reload_through, args=(first, False))
+
+    def pushed(state_dict: dict[str, torch.Tensor], fast: bool) -> list[float]:
+        (serves,) = vllm_tiny.llm.collective_rpc(_reload_through, args=(state_dict, fast))
         assert serves  # the tiny Llama is one the fast reload serves
         assert vllm_tiny.llm.reset_prefix_cache()
-        expected = vllm_tiny.prompt_logprobs(fixed_ids)
-        vllm_tiny.llm.collective_rpc(_reload_through, args=(other, True))
-        assert vllm_tiny.llm.reset_prefix_cache()
-        assert vllm_tiny.prompt_logprobs(fixed_ids) != expected  # the other push landed
-        vllm_tiny.llm.collective_rpc(_reload_through, args=(first, True))
-        assert vllm_tiny.llm.reset_prefix_cache()
-        assert vllm_tiny.prompt_logprobs(fixed_ids) == expected  # bit for bit
+        return vllm_tiny.prompt_logprobs(fixed_ids)
+
+    try:
+        expected = {"other": pushed(other, False), "first": pushed(first, False)}
+        assert expected["other"] != expected["first"]
+        assert pushed(other, True) == expected["other"]  # bit for bit
+        assert pushed(first, True) == expected["first"]  # through the reused buffers
     finally:
         vllm_tiny.load_weights(first)  # the engine's own push: its fingerprint
 
