@@ -69,6 +69,9 @@ MODES: dict[str, dict[str, str]] = {
         "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
         "MALLOC_TOP_PAD_": str(64 << 20),
     },
+    # every push through vLLM's own in-place reload (its layer-wise machinery), not the
+    # library's fast full reload (periodic_rl.compat.vllm_fast_reload)
+    "vllm-reload": {"PERIODIC_RL_VLLM_FAST_RELOAD": "0"},
     # the demo's default with each side's core loans off (lend_idle_cores: false): the worker
     # loads pushes on its own core only, and the trainer steps on its own core only
     "no-loans": {},
