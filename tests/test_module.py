@@ -89,6 +89,9 @@ class SlowRollouts:
         self.version = version
         return "fake-weights"
 
+    def weights_will_change(self) -> None:
+        pass
+
     def generate(
         self, jobs, sampling, version, groups_per_call=None, ramp_groups=None, cancel=None
     ):

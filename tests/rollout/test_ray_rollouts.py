@@ -179,6 +179,41 @@ def test_fingerprint_mismatch_raises(tiny_llama_path, kind):
         rollouts.shutdown()
 
 
+def test_a_full_push_reaches_local_workers_through_shared_memory_and_restarts_outlive_it(
+    rollouts2, reference, tiny_llama_path
+):
+    """Workers on this machine read a full push in the trainer's memory (the tensors' storages
+    move into shared memory, in place: the model trains there); the copy restarted workers
+    load is put in the object store after the push. A worker killed after the trainer changed
+    those tensors (past ``weights_will_change``, as an optimizer step is) comes back with the
+    pushed weights, not the changed ones."""
+    from periodic_rl.models import load_causal_lm
+
+    jobs = make_jobs(4)
+    model = load_causal_lm(tiny_llama_path, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(0.5)
+    state = model.state_dict()
+    version = (rollouts2.version or 0) + 1
+    expected = rollouts2.push_weights(state, version)
+    assert rollouts2.timings["last_push_transport"] == "shared_memory"
+    assert all(param.is_shared() for param in model.parameters())
+    reference.load_weights(state)
+    pushed = reference_groups(reference, jobs)
+    assert by_index(rollouts2.generate(jobs, SAMPLING, version)) == pushed
+    rollouts2.weights_will_change()  # the strategy's call before an optimizer step
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)  # the step, in the memory the workers read the push from
+    os.kill(rollouts2.worker_pids()[0], signal.SIGKILL)
+    assert by_index(rollouts2.generate(jobs, SAMPLING, version)) == pushed
+    assert rollouts2.worker_info()[0]["fingerprint"] == expected
+    rollouts2.push_weights(original, version + 1)  # back to the checkpoint for the other tests
+    reference.load_weights(original)
+
+
 def test_adapter_pushes_are_verified_and_replayed_to_a_restarted_worker(rollouts2, reference):
     from lora_helpers import peft_policy
 

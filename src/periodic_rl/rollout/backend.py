@@ -90,6 +90,11 @@ class RolloutBackend(Protocol):
         :meth:`push_weights`; returns the fingerprint of base and adapter together."""
         ...
 
+    def weights_will_change(self) -> None:
+        """The trainer is about to change the weights it pushed last (an optimizer step): the
+        backend finishes whatever still reads them (a copy kept for restarted engines)."""
+        ...
+
     def generate(
         self,
         jobs: list[GroupJob],

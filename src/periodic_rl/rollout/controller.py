@@ -187,6 +187,11 @@ class RolloutController:
         self.spans.add("weight push", "trainer", start, time.time(), kind=kind)
         return self.fingerprint
 
+    def weights_will_change(self) -> None:
+        """Before an optimizer step: the backend finishes what still reads the pushed weights."""
+        if self.backend is not None:
+            self.backend.weights_will_change()
+
     def stepped(
         self,
         policy: PushablePolicy,

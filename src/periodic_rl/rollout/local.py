@@ -56,6 +56,9 @@ class LocalRollouts:
         self.fingerprint, self.version = fingerprint, version
         return fingerprint
 
+    def weights_will_change(self) -> None:
+        """Nothing reads the pushed weights after a push here (the engine copied them)."""
+
     def push_adapter(self, adapter: dict[str, torch.Tensor], version: int) -> str:
         """Merge a LoRA adapter payload into the kept base and load it (as the Ray
         rollouts' workers do); returns

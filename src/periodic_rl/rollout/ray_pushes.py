@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,8 @@ from periodic_rl.rollout.ray_broadcast import BroadcastChannel
 from periodic_rl.rollout.ray_slots import PushedWeights, Slot
 from periodic_rl.weight_sync.broadcast import Backend, BroadcastPlan
 from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
+from periodic_rl.weight_sync.shared_memory import SharedPush, share
+from periodic_rl.weight_sync.shared_memory import enabled as shared_memory_enabled
 from periodic_rl.weight_sync.transport import to_payload
 
 if TYPE_CHECKING:
@@ -70,6 +72,8 @@ class WeightPushes:
     #: hangs fails the broadcast after at most this long (a death usually at once).
     broadcast_timeout_s: float = 120.0
     _channel: BroadcastChannel | None = None
+    _copier: ThreadPoolExecutor | None = None  # puts shared-memory pushes' restart copies
+    _restart_copy: tuple[Future, PushedWeights] | None = None
 
     def _require_started(self) -> None:
         raise NotImplementedError
@@ -106,6 +110,7 @@ class WeightPushes:
                 f"push_transport must be 'object_store' or 'broadcast', got {self.push_transport!r}"
             )
         self._require_started()
+        self.weights_will_change()  # the last push's copy for restarts is complete
         self._settle_all()
         began = time.time()
         state_dict = {name: t.detach().cpu() for name, t in state_dict.items()}  # once, if on GPU
@@ -114,12 +119,13 @@ class WeightPushes:
             raise KeyError(
                 f"keep names weights not pushed: {sorted(set(keep) - state_dict.keys())}"
             )
-        ref = ray.put(to_payload(state_dict))
+        shared = self._shared_push(state_dict, keep)
+        base: Any = shared if shared is not None else ray.put(to_payload(state_dict))
         put = time.time()
         # the workers may load on this process's cores too: it only waits for them now
         borrow = sorted(os.sched_getaffinity(0)) if self.loads_borrow_trainer_cores else None
         calls = [
-            (s, s.incarnation, s.actor.load_weights.remote([ref], version, keep, borrow))
+            (s, s.incarnation, s.actor.load_weights.remote([base], version, keep, borrow))
             for s in self._slots
         ]
         # Hashed after the put, while the workers load: the put has this process's cores to
@@ -131,10 +137,12 @@ class WeightPushes:
             self._weights_ok, self._pushed = False, None
             raise
         hashed = time.time()
-        target = PushedWeights(ref, version, expected, keep)
+        target = PushedWeights(base, version, expected, keep)
         kind = "full" if keep is None else "base"
         self._collect(calls, target, expected, f"weight push of version {version}")
         end = time.time()
+        if shared is not None:
+            self._copy_for_restarts(state_dict, target)
         for key in _BROADCAST_TIMINGS:  # of an earlier broadcast push
             self.timings.pop(key, None)
         self.timings.update(
@@ -143,7 +151,7 @@ class WeightPushes:
             last_push_hash_done_s=hashed - began,  # the hash overlaps the loads
             last_push_load_s=end - put,
             last_push_kind=kind,
-            last_push_transport="object_store",
+            last_push_transport="shared_memory" if shared is not None else "object_store",
         )
         self.spans.add("weight push", "weights", began, end, version=version, kind=kind)
         return expected
@@ -282,6 +290,7 @@ class WeightPushes:
         import ray
 
         self._require_started()
+        self.weights_will_change()
         base = self._pushed
         if base is None or base.keep is None or not self._weights_ok:
             raise RuntimeError("push_adapter needs a successful push_weights(..., keep=...) first")
@@ -306,6 +315,48 @@ class WeightPushes:
         )
         self.spans.add("weight push", "weights", began, end, version=version, kind="adapter")
         return expected
+
+    # ---- shared memory (workers on this machine) ----------------------------------------------
+    def _shared_push(
+        self, state_dict: dict[str, torch.Tensor], keep: list[str] | None
+    ) -> SharedPush | None:
+        """A full push to workers on this machine (a Ray started here) by shared memory
+        (:mod:`periodic_rl.weight_sync.shared_memory`), unless switched off or impossible."""
+        if keep is not None or self.ray_address is not None or not shared_memory_enabled():
+            return None
+        return share(state_dict)
+
+    def _copy_for_restarts(
+        self, state_dict: dict[str, torch.Tensor], pushed: PushedWeights
+    ) -> None:
+        """Put a copy of a shared-memory push into the object store in the background (this
+        process only waits for the next generation now), for workers restarted after the
+        trainer's weights moved on; until it is there, a restart reads the shared memory."""
+        import ray
+
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="weights-restart-copy")
+        copy = self._copier.submit(lambda: ray.put(to_payload(state_dict)))
+        self._restart_copy = (copy, pushed)
+
+    def weights_will_change(self) -> None:
+        """The trainer is about to change the weights it pushed last (an optimizer step), or
+        a worker restarts: their copy for restarted workers is completed first, and from then
+        on restarts load it. Called by the strategy before every optimizer step, before every
+        push and before every restart outside a push."""
+        pending, self._restart_copy = self._restart_copy, None
+        if pending is None:
+            return
+        copy, pushed = pending
+        ref = copy.result()
+        if self._pushed is pushed:  # still what the workers hold
+            self._pushed = replace(pushed, base=ref)
+
+    def _close_copier(self) -> None:
+        self._restart_copy = None
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
 
     def worker_load_timings(self) -> list[dict[str, float]]:
         """Every worker's seconds of its last weight load, in worker order

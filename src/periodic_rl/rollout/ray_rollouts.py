@@ -284,7 +284,10 @@ class RayRollouts(WeightPushes):
         if not hung:  # a hang was logged where it was found
             log.warning("rollout worker %d died (%s); restarting it", slot.index, error)
         self._kill(slot)
-        self._launch(slot, self._pushed if weights is ... else weights)
+        if weights is ...:
+            self.weights_will_change()  # a restart loads the pushed weights' lasting copy
+            weights = self._pushed
+        self._launch(slot, weights)
 
     # ---- generation -------------------------------------------------------------------------
     def generate(
@@ -463,6 +466,7 @@ class RayRollouts(WeightPushes):
         for slot in moved:
             self._kill(slot)
             slot.cores = list(worker_cores[slot.index])
+            self.weights_will_change()
             self._launch(slot, self._pushed)
         for slot in moved:
             self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
@@ -497,6 +501,7 @@ class RayRollouts(WeightPushes):
         try:
             import ray
 
+            self._close_copier()  # a copy for restarts still being put: finished first
             if not ray.is_initialized():
                 return
             live = [s for s in self._slots if s.actor is not None]

@@ -48,7 +48,7 @@ class PushedWeights:
     The object references keep both pushes in Ray's object store until they are replaced.
     """
 
-    base: Any  # ObjectRef of the last full push's payload
+    base: Any  # ObjectRef of the last full push's payload, or its SharedPush until that is put
     version: int
     base_fingerprint: str
     keep: list[str] | None = None  # names kept for adapter pushes; None: no adapter pushes

@@ -30,6 +30,7 @@ from periodic_rl.rollout.processes import (
 )
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.weight_sync.shared_memory import SharedPush, SharedWeightsReader
 from periodic_rl.weight_sync.transport import from_payload
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class RolloutWorker:
         from periodic_rl.weight_sync.merge import AdapterLoader  # imports torch: after pinning
 
         self._adapter = AdapterLoader()
+        self._shared_weights = SharedWeightsReader()  # the trainer's, mapped once
         self._weight_group: WeightGroup | None = None  # push_transport="broadcast"
         self.startup_s = time.time() - started
         self.last_load_s = 0.0
@@ -174,7 +176,9 @@ class RolloutWorker:
         ``weights`` is ``[ref]``, a one-element list holding the Ray object reference of a
         :func:`~periodic_rl.weight_sync.transport.to_payload` dict (wrapped so that Ray hands
         over the reference rather than the value; the worker fetches it from the shared object
-        store itself), or the payload dict.
+        store itself), or the payload dict, or a
+        :class:`~periodic_rl.weight_sync.shared_memory.SharedPush` (the trainer's tensors in
+        shared memory, read in place: a trainer on this machine).
         ``keep``: the LoRA-adapted names, whose base weights this worker keeps for later
         :meth:`load_adapter` calls (:class:`~periodic_rl.weight_sync.merge.AdapterLoader`).
         ``borrow``: cores (the waiting trainer's) this worker adds to its own for the load and
@@ -188,7 +192,12 @@ class RolloutWorker:
         try:
             started, faults = time.time(), _minor_faults()
             load_cores = len(os.sched_getaffinity(0))
-            state_dict = from_payload(_fetch(weights))
+            payload = _fetch(weights)
+            if isinstance(payload, SharedPush):  # the trainer's memory, on this machine
+                state_dict = self._shared_weights.read(payload)
+            else:
+                state_dict = from_payload(payload)
+            del payload
             fetched = time.time()
             fingerprint = self._install(engine, state_dict, version, keep)
             del state_dict  # drop the shared-memory views: they pin the object
@@ -324,12 +333,15 @@ class RolloutWorker:
 
 
 def _fetch(weights: Any) -> Any:
-    """The payload of ``[ref]`` (from the object store) or the payload itself."""
+    """The payload of ``[ref]`` (from the object store), or the payload (or
+    :class:`~periodic_rl.weight_sync.shared_memory.SharedPush`) itself, alone or in a list."""
     if isinstance(weights, list):
+        (item,) = weights
+        if isinstance(item, SharedPush):
+            return item
         import ray
 
-        (payload,) = ray.get(weights)
-        return payload
+        return ray.get(item)
     return weights
 
 

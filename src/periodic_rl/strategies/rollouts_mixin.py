@@ -313,6 +313,7 @@ class RolloutsMixin:
     def optimizer_step(
         self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
+        self.rollouts.weights_will_change()
         with self.spans.span("optimizer step", "trainer"):
             output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
         self.rollouts.stepped(self.lightning_module, self.gathered_weights)
