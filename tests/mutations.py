@@ -735,6 +735,36 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="a restart after the trainer's step reads its changed weights (no lasting copy)",
+        file="src/periodic_rl/rollout/ray_pushes.py",
+        old="            self._pushed = replace(pushed, base=ref)\n",
+        new="            pass\n",
+        tests=(
+            "tests/rollout/test_ray_rollouts.py::"
+            "test_a_full_push_reaches_local_workers_through_shared_memory_and_restarts_outlive_it",
+        ),
+    ),
+    Mutation(
+        name="the optimizer step begins while the restart copy still reads the weights",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="        self.rollouts.weights_will_change()\n",
+        new="",
+        tests=(
+            "tests/strategies/test_periodic_async.py::"
+            "test_an_optimizer_step_waits_for_the_last_shared_pushs_restart_copy",
+        ),
+    ),
+    Mutation(
+        name="full pushes to workers on this machine copied through the object store",
+        file="src/periodic_rl/rollout/ray_pushes.py",
+        old="        return share(state_dict)\n",
+        new="        return None\n",
+        tests=(
+            "tests/strategies/test_periodic_async.py::"
+            "test_an_optimizer_step_waits_for_the_last_shared_pushs_restart_copy",
+        ),
+    ),
+    Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
         old="                if stream.closed:  # everything generated: the workers are idle",

@@ -277,3 +277,27 @@ def test_vllm_trains_smollm2_on_policy(smollm2_path, local_ray):
     initial = load_causal_lm(smollm2_path, dtype=torch.float32)
     moved = max_diff(params, dict(initial.named_parameters()))
     assert ORDER_TOLERANCE < moved < 1.0 and all(p.isfinite().all() for p in params.values())
+
+
+class RestartCopyAtStep(RecordingModule):
+    """Also records, as each optimizer step begins, whether the last push's copy for restarted
+    workers was still being put, and how that push travelled."""
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.copy_pending: list[bool] = []
+        self.transports: list[str | None] = []
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        backend = self.trainer.strategy.rollouts.backend
+        self.copy_pending.append(backend._restart_copy is not None)
+        self.transports.append(backend.timings.get("last_push_transport"))
+
+
+def test_an_optimizer_step_waits_for_the_last_shared_pushs_restart_copy(tiny_llama_path):
+    """The trainer's weights travel to a local worker through shared memory, and the step that
+    changes them in place never begins while their copy for restarts is still being read."""
+    strategy = {"engine": "hf", "num_workers": 1, "overlap": True}
+    _, module, _ = train(tiny_llama_path, steps=3, strategy=strategy, module_cls=RestartCopyAtStep)
+    assert module.transports[1:] == ["shared_memory"] * 2  # the first step follows no push
+    assert module.copy_pending == [False] * 3
