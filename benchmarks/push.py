@@ -72,6 +72,9 @@ MODES: dict[str, dict[str, str]] = {
     # every push through vLLM's own in-place reload (its layer-wise machinery), not the
     # library's fast full reload (periodic_rl.compat.vllm_fast_reload)
     "vllm-reload": {"PERIODIC_RL_VLLM_FAST_RELOAD": "0"},
+    # full pushes copied through Ray's object store, not read by the worker in the trainer's
+    # shared memory (periodic_rl.weight_sync.shared_memory)
+    "object-store": {"PERIODIC_RL_SHARED_WEIGHTS": "0"},
     # the demo's default with each side's core loans off (lend_idle_cores: false): the worker
     # loads pushes on its own core only, and the trainer steps on its own core only
     "no-loans": {},
