@@ -59,3 +59,12 @@ def test_a_reader_refuses_another_machines_push_and_a_replaced_file():
     moved = dataclasses.replace(push, tensors={name: dataclasses.replace(where, inode=-1)})
     with pytest.raises(RuntimeError, match="no longer"):
         SharedWeightsReader().read(moved)
+
+
+def test_more_storages_than_a_quarter_of_the_file_limit_stay_unshared(monkeypatch):
+    import periodic_rl.weight_sync.shared_memory as shared_memory
+
+    monkeypatch.setattr(shared_memory, "_max_files", lambda: 2)
+    tensors = {f"w{i}": torch.randn(3) for i in range(3)}
+    assert share(tensors) is None
+    assert not any(t.is_shared() for t in tensors.values())  # nothing moved, no file opened

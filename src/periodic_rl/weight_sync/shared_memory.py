@@ -69,12 +69,17 @@ def enabled() -> bool:
 
 def share(state_dict: Mapping[str, torch.Tensor]) -> SharedPush | None:
     """``state_dict`` as a :class:`SharedPush` (its storages moved into shared memory first,
-    once per storage); ``None`` when a tensor cannot travel so (not a contiguous CPU tensor, or
-    its storage is shared another way): the caller pushes through the object store then."""
-    tensors = {}
-    for name, tensor in state_dict.items():
+    once per storage); ``None`` when a tensor cannot travel so (not a contiguous CPU tensor, its
+    storage shared another way, or more storages than a quarter of the file limit, as each
+    keeps a file open): the caller pushes through the object store then."""
+    for tensor in state_dict.values():
         if tensor.device.type != "cpu" or not tensor.is_contiguous() or not tensor.numel():
             return None
+    storages = {t.untyped_storage().data_ptr() for t in state_dict.values()}
+    if len(storages) > _max_files():
+        return None
+    tensors = {}
+    for name, tensor in state_dict.items():
         storage = tensor.untyped_storage()
         try:
             fd, size = storage._share_fd_cpu_()
@@ -89,6 +94,15 @@ def share(state_dict: Mapping[str, torch.Tensor]) -> SharedPush | None:
             shape=tuple(tensor.shape),
         )
     return SharedPush(os.getpid(), machine_boot_id(), tensors)
+
+
+def _max_files() -> int:
+    """Storages a push may keep open as files: a quarter of this process's file limit (each
+    shared storage holds a file descriptor for as long as it lives)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, soft // 4) if soft != resource.RLIM_INFINITY else 1 << 16
 
 
 @dataclass
