@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +52,16 @@ _BROADCAST_TIMINGS = (
 )
 
 
+@dataclass
+class _RestartCopy:
+    """A shared-memory push's copy for restarted workers: its tensors, the push it copies, and
+    the background put once started."""
+
+    state_dict: dict[str, torch.Tensor]
+    pushed: PushedWeights
+    put: Future | None = None
+
+
 class WeightPushes:
     """The weight-push half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
     the class it is mixed into owns the state it uses)."""
@@ -73,7 +83,7 @@ class WeightPushes:
     broadcast_timeout_s: float = 120.0
     _channel: BroadcastChannel | None = None
     _copier: ThreadPoolExecutor | None = None  # puts shared-memory pushes' restart copies
-    _restart_copy: tuple[Future, PushedWeights] | None = None
+    _restart_copy: _RestartCopy | None = None
 
     def _require_started(self) -> None:
         raise NotImplementedError
@@ -329,28 +339,42 @@ class WeightPushes:
     def _copy_for_restarts(
         self, state_dict: dict[str, torch.Tensor], pushed: PushedWeights
     ) -> None:
-        """Put a copy of a shared-memory push into the object store in the background (this
-        process only waits for the next generation now), for workers restarted after the
-        trainer's weights moved on; until it is there, a restart reads the shared memory."""
+        """Have a copy of a shared-memory push put into the object store, for workers restarted
+        after the trainer's weights moved on; until it is there, a restart reads the shared
+        memory. The copy starts once the next generation is dispatched
+        (:meth:`_start_restart_copy`; started at once, its memory copies on this process's
+        cores delayed that dispatch), and :meth:`weights_will_change` completes it."""
+        self._restart_copy = _RestartCopy(state_dict, pushed)
+
+    def _start_restart_copy(self) -> None:
+        """Start putting the pending restart copy, in the background (this process only waits
+        for the generation now)."""
         import ray
 
+        pending = self._restart_copy
+        if pending is None or pending.put is not None:
+            return
         if self._copier is None:
             self._copier = ThreadPoolExecutor(1, thread_name_prefix="weights-restart-copy")
-        copy = self._copier.submit(lambda: ray.put(to_payload(state_dict)))
-        self._restart_copy = (copy, pushed)
+        state_dict = pending.state_dict
+        pending.put = self._copier.submit(lambda: ray.put(to_payload(state_dict)))
 
     def weights_will_change(self) -> None:
         """The trainer is about to change the weights it pushed last (an optimizer step), or
         a worker restarts: their copy for restarted workers is completed first, and from then
         on restarts load it. Called by the strategy before every optimizer step, before every
         push and before every restart outside a push."""
+        import ray
+
         pending, self._restart_copy = self._restart_copy, None
         if pending is None:
             return
-        copy, pushed = pending
-        ref = copy.result()
-        if self._pushed is pushed:  # still what the workers hold
-            self._pushed = replace(pushed, base=ref)
+        if pending.put is not None:
+            ref = pending.put.result()
+        else:
+            ref = ray.put(to_payload(pending.state_dict))
+        if self._pushed is pending.pushed:  # still what the workers hold
+            self._pushed = replace(pending.pushed, base=ref)
 
     def _close_copier(self) -> None:
         self._restart_copy = None

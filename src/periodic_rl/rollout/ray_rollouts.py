@@ -357,6 +357,7 @@ class RayRollouts(WeightPushes):
                 if not (pending or in_flight or more):
                     break
                 self._dispatch(pending, in_flight, sampling, version)
+                self._start_restart_copy()  # the last push's, now that the workers are busy
                 if not (pending or in_flight):  # only the job source can bring work now
                     more_jobs.wait(self.poll_s)
                     continue
