@@ -737,7 +737,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         name="a restart after the trainer's step reads its changed weights (no lasting copy)",
         file="src/periodic_rl/rollout/ray_pushes.py",
-        old="            self._pushed = replace(pushed, base=ref)\n",
+        old="            self._pushed = replace(pending.pushed, base=ref)\n",
         new="            pass\n",
         tests=(
             "tests/rollout/test_ray_rollouts.py::"
