@@ -765,6 +765,16 @@ MUTATIONS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="a vLLM engine whose weight load failed midway still claims the old weights",
+        file="src/periodic_rl/rollout/vllm_engine.py",
+        old="            self._fingerprint = UNKNOWN_WEIGHTS",
+        new="            pass",
+        tests=(
+            "tests/rollout/test_engine_fingerprints.py::"
+            "test_vllm_reload_that_loses_or_changes_a_tensor_reports_other_weights",
+        ),
+    ),
+    Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
         old="                if stream.closed:  # everything generated: the workers are idle",

@@ -54,7 +54,8 @@ def push(rollouts, state, version, transport, **kwargs) -> str:
         rollouts.push_transport = "broadcast"
 
 
-def test_broadcast_push_equals_object_store_push(rollouts, checkpoint):
+def test_broadcast_push_equals_object_store_push(rollouts, checkpoint, monkeypatch):
+    monkeypatch.setenv("PERIODIC_RL_SHARED_WEIGHTS", "0")  # copied through the object store
     jobs = make_jobs(5)
     state = scaled(checkpoint, -1.5)
     expected = weights_fingerprint(state)

@@ -67,13 +67,20 @@ def test_vllm_reload_that_loses_or_changes_a_tensor_reports_other_weights(
         timings = vllm_tiny.last_load_timings  # what the worker reports of the load's phases
         assert set(timings) == {"reload_s", "verify_s", "reset_prefix_s"}
         assert all(seconds >= 0 for seconds in timings.values())
-        # q_proj lost between the engine and vLLM's loader: vLLM still reports the fused
-        # qkv_proj loaded (and would keep q's part uninitialised), so only the hash can tell.
-        monkeypatch.setattr(
-            vllm_worker, "_reload", dropping(next(n for n in state if "q_proj" in n))
-        )
+        # q_proj lost between the engine and vLLM's loader. The library's fast full reload
+        # finds the fused qkv_proj incomplete and fails the load; the engine then holds no
+        # push's weights.
+        q_proj = next(n for n in state if "q_proj" in n)
+        monkeypatch.setattr(vllm_worker, "_reload", dropping(q_proj))
+        with pytest.raises(RuntimeError, match="incomplete"):
+            vllm_tiny.load_weights(state)
+        assert vllm_tiny.fingerprint() != expected
+        # Through vLLM's own reload, vLLM still reports qkv_proj loaded (q's part is left as
+        # it was), so only the hash can tell.
+        monkeypatch.setenv("PERIODIC_RL_VLLM_FAST_RELOAD", "0")
         assert vllm_tiny.load_weights(state) != expected
         assert vllm_tiny.fingerprint() != expected
+        monkeypatch.delenv("PERIODIC_RL_VLLM_FAST_RELOAD")
         # A value that did not land in a parameter vLLM keeps as loaded (a norm, read back).
         monkeypatch.setattr(vllm_worker, "_reload", changing_after_load)
         assert vllm_tiny.load_weights(state) != expected

