@@ -79,7 +79,7 @@ class FastReload:
         ``model.load_weights`` returns (the loaded parameter names)."""
         from vllm.config import set_current_vllm_config
 
-        unfinished: set[int] = set()
+        unfinished: dict[int, torch.Tensor] = {}  # id of a staged layer -> its placeholder
         with set_current_vllm_config(worker.vllm_config), torch.no_grad():
             for linear in self.linears:
                 self._stage(linear, unfinished)
@@ -100,7 +100,7 @@ class FastReload:
         runner.reset_mm_cache()
         return loaded
 
-    def _stage(self, linear: _Linear, unfinished: set[int]) -> None:
+    def _stage(self, linear: _Linear, unfinished: dict[int, torch.Tensor]) -> None:
         """Register a staging parameter on ``linear``: vLLM's loaders fill it, the last of them
         packs it (``_pack``)."""
         from vllm.model_executor.model_loader.reload.layerwise import _get_original_loader
@@ -125,11 +125,11 @@ class FastReload:
                 source = staged if state["pushed"] is None else state["pushed"]
                 self._pack(module, _parameter_like(source, meta, module), placeholder)
                 self._give(buffer)
-                unfinished.discard(id(module))
+                unfinished.pop(id(module), None)
 
         staged.weight_loader = staged_loader
         module._parameters["weight"] = staged
-        unfinished.add(id(module))
+        unfinished[id(module)] = placeholder
 
     @staticmethod
     def _pack(module: torch.nn.Module, weight: torch.Tensor, placeholder: torch.Tensor) -> None:
@@ -142,13 +142,13 @@ class FastReload:
             )
         module._parameters["weight"] = placeholder  # the same empty tensor as before
 
-    def _unstage(self, unfinished: set[int]) -> None:
+    def _unstage(self, unfinished: dict[int, torch.Tensor]) -> None:
+        """Put back the placeholders of the layers a failed load left staged (their kernels
+        still hold the previous weights)."""
         for linear in self.linears:
-            if id(linear.module) in unfinished:
-                staged = linear.module._parameters["weight"]
-                linear.module._parameters["weight"] = torch.nn.Parameter(
-                    torch.empty(0, dtype=staged.dtype), requires_grad=False
-                )
+            placeholder = unfinished.get(id(linear.module))
+            if placeholder is not None:
+                linear.module._parameters["weight"] = placeholder
 
     def _pack_embeddings(self) -> None:
         """Pack each embedding once (its old kernels released first, so the allocator may

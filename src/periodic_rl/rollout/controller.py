@@ -188,8 +188,10 @@ class RolloutController:
         return self.fingerprint
 
     def weights_will_change(self) -> None:
-        """Before an optimizer step: the backend finishes what still reads the pushed weights."""
-        if self.backend is not None:
+        """Before an optimizer step: the backend finishes what still reads the pushed weights.
+        With bounded staleness the pipeline pushes snapshots (copies no step touches) from its
+        own thread, which alone then handles the pushes' state: nothing to wait for here."""
+        if self.backend is not None and self.options.max_staleness == 0:
             self.backend.weights_will_change()
 
     def stepped(
