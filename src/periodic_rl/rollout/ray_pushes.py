@@ -15,9 +15,10 @@ tensors in place, :mod:`periodic_rl.weight_sync.shared_memory`; the object-store
 restarted workers load is put in the background afterwards,
 :meth:`WeightPushes.weights_will_change`); ``broadcast`` sends a full push as collectives from
 this process straight into the workers (NCCL from CUDA tensors into workers with GPUs, else
-gloo; :mod:`periodic_rl.weight_sync.broadcast`), with no host round trip on GPUs. The fingerprint is still computed from a host copy (made and hashed in a thread
-while the broadcast runs), and that copy is still put in the object store after the broadcast:
-restarted workers warm up from it. A broadcast that fails (a worker died, the group timed out)
+gloo; :mod:`periodic_rl.weight_sync.broadcast`), with no host round trip on GPUs. The
+fingerprint is still computed from a host copy (made and hashed in a thread while the broadcast
+runs), and that copy is still put in the object store after the broadcast: restarted workers
+warm up from it. A broadcast that fails (a worker died, the group timed out)
 tears the group down and the push is completed through the object store; the next push forms a
 new group. Adapter pushes are small and always go through the object store.
 """
