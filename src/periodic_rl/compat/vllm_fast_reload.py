@@ -71,7 +71,9 @@ class FastReload:
 
     model: torch.nn.Module
     linears: list[_Linear]
-    embeddings: list[torch.nn.Module]  # owners of their weight (a tied head shares it)
+    #: Each embedding owning its weight, with the heads tied to it (found once: the reload
+    #: loads in place, so which module holds which weight never changes).
+    embeddings: list[tuple[torch.nn.Module, list[torch.nn.Module]]]
     _pool: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)
 
     def reload(self, worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
@@ -153,14 +155,7 @@ class FastReload:
     def _pack_embeddings(self) -> None:
         """Pack each embedding once (its old kernels released first, so the allocator may
         reuse their memory) and give its tied heads the same kernel."""
-        for embedding in self.embeddings:
-            tied = [
-                module
-                for module in self.model.modules()
-                if module is not embedding
-                and getattr(module, "weight", None) is embedding.weight
-                and hasattr(module, "cpu_linear")
-            ]
+        for embedding, tied in self.embeddings:
             for module in (embedding, *tied):
                 module.cpu_linear = None
             embedding.quant_method.process_weights_after_loading(embedding)
@@ -203,7 +198,8 @@ def _plan(worker: Any, model: torch.nn.Module) -> FastReload | None:
         return None
     if config.parallel_config.world_size != 1 or config.lora_config is not None:
         return None
-    linears, embeddings, owners = [], [], set()
+    linears, embeddings = [], []
+    holders: dict[int, list[torch.nn.Module]] = {}  # id of a weight -> the modules holding it
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         weight = module._parameters.get("weight")
@@ -221,13 +217,17 @@ def _plan(worker: Any, model: torch.nn.Module) -> FastReload | None:
             plain = type(module) in (RowParallelLinear, ColumnParallelLinear)
             linears.append(_Linear(module, meta, plain))
         elif isinstance(method, UnquantizedEmbeddingMethod):
-            if weight is not None and id(weight) not in owners:
+            if weight is not None and id(weight) not in holders:
                 embeddings.append(module)
         elif method is not None:
             return None
         if weight is not None:
-            owners.add(id(weight))
-    return FastReload(model, linears, embeddings) if linears else None
+            holders.setdefault(id(weight), []).append(module)
+    tied = [  # each embedding with the heads that share its weight (and its CPU kernel)
+        (e, [m for m in holders[id(e.weight)] if m is not e and hasattr(m, "cpu_linear")])
+        for e in embeddings
+    ]
+    return FastReload(model, linears, tied) if linears else None
 
 
 def _parameter_like(data: torch.Tensor, meta: torch.Tensor, module: torch.nn.Module) -> Any:
