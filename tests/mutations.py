@@ -596,7 +596,7 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/rollout/test_ray_rollouts.py::test_fingerprint_mismatch_raises",),
     ),
     Mutation(
-        name="worker_cores auto restarts the workers on their old cores",
+        name="worker_cores auto moves the workers onto their old cores",
         file="src/periodic_rl/rollout/ray_rollouts.py",
         old="            slot.cores = list(worker_cores[slot.index])\n",
         new="",
@@ -604,6 +604,46 @@ MUTATIONS: list[Mutation] = [
             "tests/strategies/test_auto_split.py::"
             "test_auto_split_switches_twice_and_trains_as_a_fixed_split",
         ),
+    ),
+    Mutation(
+        name="worker_cores auto starts overlapped instead of taking turns",
+        file="src/periodic_rl/rollout/split_advisor.py",
+        old="num_workers, overlap=False)",
+        new="num_workers, overlap=True)",
+        tests=(
+            "tests/rollout/test_split_advisor.py::"
+            "test_auto_starts_taking_turns_and_stays_where_overlap_is_not_predicted_faster",
+        ),
+    ),
+    Mutation(
+        name="worker_cores auto tries the other mode although no gain is predicted",
+        file="src/periodic_rl/rollout/split_advisor.py",
+        old="        apply = None if plan.chosen.same_split(self.current) else plan.chosen\n",
+        new="        apply = next(c for c in plan.candidates "
+        "if c.overlap != self.current.overlap)\n"
+        "        apply = apply if len(self.windows) == 1 else None\n",
+        tests=(
+            "tests/rollout/test_split_advisor.py::"
+            "test_auto_starts_taking_turns_and_stays_where_overlap_is_not_predicted_faster",
+        ),
+    ),
+    Mutation(
+        name="a fit never says the efficiencies were measured (advice always 'assumed')",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old='                changes["efficiencies_measured"] = True\n',
+        new="",
+        tests=(
+            "tests/rollout/test_split_advisor.py::"
+            "test_auto_moves_to_overlap_where_predicted_faster_then_keeps_the_fitted_choice",
+        ),
+    ),
+    Mutation(
+        name="a worker moved in place moves only the thread that was asked",
+        file="src/periodic_rl/rollout/worker.py",
+        old="        repin_threads(list(cores), old)\n",
+        new="        os.sched_setaffinity(0, set(cores))\n        import torch\n\n"
+        "        torch.set_num_threads(len(cores))\n",
+        tests=("tests/rollout/test_ray_rollouts.py::test_vllm_worker_on_smollm2",),
     ),
     Mutation(
         name="worker_cores auto ignores the cached split (starts on the default one)",

@@ -352,9 +352,45 @@ def test_ctrl_c_in_the_driver_leaves_no_processes(tiny_llama_path, tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.pretrained
+def threads_within(pid: int, cores: list[int]) -> dict[int, set[int]]:
+    """The threads of process ``pid`` pinned within ``cores``, with their cores."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            affinity = os.sched_getaffinity(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+        if affinity <= set(cores):
+            found[int(tid)] = affinity
+    return found
+
+
+def moved_in_place(rollouts, info, jobs, sampling) -> float:
+    """Move the one worker from core 1 to every core and back (``RayRollouts.repin``): the same
+    process and weights each time, every thread it ran on its old cores (vLLM pinned its
+    OpenMP threads one core each) on the new ones, as many torch threads, and it still
+    generates. Returns the seconds both moves took."""
+    everywhere = sorted(os.sched_getaffinity(0))
+    began, old = time.time(), [1]
+    for cores in (everywhere, [1]):
+        on_old = threads_within(info["pid"], old)
+        assert on_old
+        rollouts.repin([cores])
+        after = rollouts.worker_info()[0]
+        assert (after["pid"], after["fingerprint"]) == (info["pid"], rollouts.fingerprint)
+        assert after["affinity"] == cores and after["threads"] == len(cores)
+        now = threads_within(info["pid"], cores)
+        assert all(now.get(tid, set(cores)) == set(cores) for tid in on_old)
+        assert len(list(rollouts.generate(jobs, sampling, version=1))) == len(jobs)
+        old = cores
+    assert rollouts.restarts == 0
+    return time.time() - began
+
+
 def test_vllm_worker_on_smollm2(smollm2_path):
     """One vLLM worker pinned to one core: a 135M push through the object store is verified by
-    fingerprint, changes the completions, and nothing is left in /dev/shm afterwards."""
+    fingerprint, changes the completions, the worker moves to other cores in place, and
+    nothing is left in /dev/shm afterwards."""
     from periodic_rl.models import load_causal_lm
 
     model = load_causal_lm(smollm2_path, dtype=torch.float32)
@@ -384,12 +420,14 @@ def test_vllm_worker_on_smollm2(smollm2_path):
         assert by_index(second) != first
         assert all(g.fingerprint == weights_fingerprint(state) for g in second)
         info = rollouts.worker_info()[0]
+        moved = moved_in_place(rollouts, info, jobs, sampling)
         print(
             f"\nvLLM RayRollouts: ray init {rollouts.timings['ray_init_s']:.1f} s, worker start "
             f"{rollouts.timings['workers_start_s']:.1f} s (engine {info['startup_s']:.1f} s), push "
             f"{push_s:.2f} s (put {rollouts.timings['last_push_put_s']:.2f}, hash done at "
             f"{rollouts.timings['last_push_hash_done_s']:.2f}, load until "
-            f"{rollouts.timings['last_push_s']:.2f})"
+            f"{rollouts.timings['last_push_s']:.2f}); moved to all cores and back in place "
+            f"in {moved:.2f} s"
         )
         pids = rollouts.worker_pids()
     finally:

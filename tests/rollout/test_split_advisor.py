@@ -1,6 +1,6 @@
-"""The split advisor's windows: warm-up skipped, one window logged, or with ``auto`` the other
-mode tried and the fitted choice applied, or a cached split measured without switching; on
-spans written by hand (no Ray)."""
+"""The split advisor's windows: warm-up skipped, one window logged, or with ``auto`` turn-taking
+first and overlap tried only where predicted faster, then the fitted choice kept, or a cached
+split measured without switching; on spans written by hand (no Ray)."""
 
 from types import SimpleNamespace
 
@@ -18,13 +18,20 @@ from periodic_rl.rollout.split_cache import SplitCache, read_cache
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 
 
-def record(recorder: SpanRecorder, iteration: int, generate: float, train: float, overlap: bool):
+def record(
+    recorder: SpanRecorder,
+    iteration: int,
+    generate: float,
+    train: float,
+    overlap: bool,
+    fill: float = 0.0,
+):
     """One iteration: the worker generates ``generate`` s, the trainer trains ``train`` s
-    (alongside, or after it), then a 0.5 s push."""
+    (alongside, from ``fill`` s in, or after it), then a 0.5 s push."""
     start = 100.0 * iteration
     recorder.new_iteration(iteration)
     recorder.add("generate", worker_lane(0), start, start + generate)
-    begin = start if overlap else start + generate
+    begin = start + fill if overlap else start + generate
     recorder.add("train micro-batch", "trainer", begin, begin + train)
     end = max(start + generate, begin + train)
     recorder.add("weight push", "trainer", end, end + 0.5)
@@ -47,24 +54,57 @@ def test_a_fixed_split_is_measured_once_after_the_warm_up():
     assert advisor.step(recorder) is None  # once
 
 
-def test_auto_tries_the_other_mode_then_applies_the_fitted_choice():
-    """Generation gains nothing from a second core, training little: overlap measured 4.5 s
-    against turn-taking 6.5 s, so after trying turns the advisor goes back to overlap."""
+def test_auto_starts_taking_turns_and_stays_where_overlap_is_not_predicted_faster():
+    """Training twice as long as generation: overlap on one core each is predicted no faster
+    (max(6, 12) + 0.5 s against 4 + 8 + 0.5 s, efficiencies assumed), so the synchronous
+    split stays, nothing is explored and the choice is final after one window."""
     recorder = SpanRecorder()
-    start = starting_split((0, 1), 1, True)
+    start = auto_start(1, True, None, None, 0, None)
+    assert not start.overlap and start.trainer_cores == start.worker_cores[0]
+    start = starting_split((0, 1), 1, False)
     advisor = SplitAdvisor(start, (0, 1), 1, window=1, auto=True)
-    record(recorder, 0, 9.0, 9.0, True)
-    record(recorder, 1, 4.0, 2.0, True)
+    record(recorder, 0, 9.0, 9.0, False)  # warm-up
+    record(recorder, 1, 4.0, 8.0, False)
+    step = advisor.step(recorder)
+    assert step.final and step.apply is None and step.assumed
+    assert step.plan.chosen.same_split(start) and "kept turn-taking" in step.reason
+    record(recorder, 2, 4.0, 8.0, False)
+    assert advisor.step(recorder) is None and advisor.current is start
+
+
+@pytest.mark.parametrize(
+    ("generate", "train", "fill", "keeps_overlap"),
+    [
+        (4.0, 5.0, 0.0, True),  # generation gains nothing from a second core: overlap 5.5 s
+        (8.0, 8.0, 1.0, False),  # both sides scale perfectly, 1 s of fill: 9.5 s, turns 8.5
+    ],
+)
+def test_auto_moves_to_overlap_where_predicted_faster_then_keeps_the_fitted_choice(
+    generate, train, fill, keeps_overlap
+):
+    """Balanced sides taking turns (4 + 4 + 0.5 s): overlap is predicted faster with the
+    assumed efficiencies (max(6, 6) + 0.5 s), so the advisor moves there, measures a window on
+    one core per side, fits how each side scales and keeps the faster split: overlap, or back
+    to turn-taking when the guess was wrong."""
+    recorder = SpanRecorder()
+    start = starting_split((0, 1), 1, False)
+    advisor = SplitAdvisor(start, (0, 1), 1, window=1, auto=True)
+    record(recorder, 0, 9.0, 9.0, False)
+    record(recorder, 1, 4.0, 4.0, False)
     first = advisor.step(recorder)
-    assert first.apply.overlap is False and first.apply.trainer_cores == (0, 1)
-    assert not first.final
-    record(recorder, 2, 9.0, 9.0, False)  # warm-up after the switch: not measured
+    assert first.apply.overlap and first.apply.trainer_cores == (0,) and not first.final
+    assert first.apply.predicted_s == 6.5 and first.assumed
+    record(recorder, 2, 20.0, 20.0, True)  # warm-up after the switch: not measured
     assert advisor.step(recorder) is None
-    record(recorder, 3, 4.0, 2.0, False)  # 4 + 2 + 0.5 = 6.5 s
+    record(recorder, 3, generate, train, True, fill)
     final = advisor.step(recorder)
-    assert final.final and final.apply.same_split(start)
-    assert final.apply.predicted_s == 4.5 and final.plan.candidates[0].predicted_s == 6.5
-    assert [s.rates.overlap for s in advisor.steps] == [True, False]
+    assert final.final and not final.assumed and final.model.efficiencies_measured
+    assert [s.rates.overlap for s in advisor.steps] == [False, True]
+    if keeps_overlap:
+        assert final.apply is None and advisor.current.overlap
+        assert final.plan.chosen.predicted_s == 5.5
+    else:
+        assert final.apply.same_split(start) and final.apply.predicted_s == 8.5
     assert advisor.step(recorder) is None
 
 
@@ -72,7 +112,7 @@ def test_auto_needs_a_core_for_each_side():
     with pytest.raises(ValueError, match="at least num_workers \\+ 1 = 3 cores"):
         starting_split((0, 1), 2, True)
     with pytest.raises(ValueError, match="use_ray: true"):
-        auto_start(1, False, False, None, None, 0, None)
+        auto_start(1, False, None, None, 0, None)
 
 
 def test_cached_mode_measures_one_window_and_never_switches():
@@ -104,13 +144,13 @@ def test_a_miss_remembers_the_final_choice_and_the_next_run_starts_on_it(tmp_pat
     miss = SplitCache(path, key, read_cache(path, key))
     assert miss.hit is None
     recorder = SpanRecorder()
-    advisor = SplitAdvisor(starting_split((0, 1), 1, True), (0, 1), 1, window=1, auto=True)
-    record(recorder, 0, 9.0, 9.0, True)
-    record(recorder, 1, 4.0, 2.0, True)
+    advisor = SplitAdvisor(starting_split((0, 1), 1, False), (0, 1), 1, window=1, auto=True)
+    record(recorder, 0, 9.0, 9.0, False)
+    record(recorder, 1, 4.0, 4.0, False)
     first = advisor.step(recorder)
     assert not first.final and first.metrics()["split/cached"] == 0.0
-    record(recorder, 2, 9.0, 9.0, False)
-    record(recorder, 3, 4.0, 2.0, False)
+    record(recorder, 2, 9.0, 9.0, True)
+    record(recorder, 3, 4.0, 5.0, True)
     final = advisor.step(recorder)
     assert final.final
     written = miss.remember(final, advisor.windows)
@@ -135,7 +175,7 @@ def test_fixed_split_advice_uses_measured_efficiencies_or_says_they_are_assumed(
     advice says the efficiency is assumed; with the efficiencies an auto run measured (1.0:
     time x cores constant), turn-taking stays best, and nothing is said to be assumed."""
     options = RolloutOptions(overlap=False, worker_cores=[[0, 1]])
-    model = SplitModel(generation_efficiency=1.0, training_efficiency=1.0) if measured else None
+    model = SplitModel(1.0, 1.0, efficiencies_measured=True) if measured else None
     advisor = log_only_advisor(
         options, None, [0, 1], SimpleNamespace(on_gpu=False), 1, window=1, model=model
     )

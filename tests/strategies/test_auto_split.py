@@ -1,5 +1,5 @@
 """The measured hardware split in a run: logged after a window, applied with
-``worker_cores: auto`` (trainer re-pinned, overlap switched, workers restarted on new cores)
+``worker_cores: auto`` (trainer re-pinned, overlap switched, workers moved to new cores)
 without changing any number of the run, and remembered: the next run starts on the choice.
 
 Real Ray actors with the transformers engine on a tiny model; each run pins this test process
@@ -40,18 +40,22 @@ def _strategy(**kwargs) -> dict:
 def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     tiny_llama_path, local_ray, monkeypatch, caplog, split_cache_file
 ):
-    """Overlapped on 1 + 1 cores (iterations 0-1), turn-taking on both cores (2-3), then back to
-    overlap (4, the fit forced to favour it): the same update as a run pinned throughout, and
-    each side really moved. The choice is remembered: a second run with the same cache (told
-    to start turn-taking) starts on it, measures it once and moves nothing."""
-    monkeypatch.setattr(
-        split_advisor, "fit_model", lambda windows, base: SplitModel(0.0, 0.0, min_gain=0.0)
-    )
+    """Turn-taking on both cores (iterations 0-1), overlap on 1 + 1 cores (2-3, the first fit
+    forced to favour it), then back to turn-taking (4, the second fit forced to favour it): the
+    same update as a run pinned throughout, and each side really moved. The choice is
+    remembered: a second run with the same cache starts on it, measures it once and moves
+    nothing."""
+    favours_overlap = SplitModel(0.0, 0.0, min_gain=0.0, efficiencies_measured=True)
+    favours_turns = SplitModel(1.0, 1.0, 100.0, min_gain=0.0, efficiencies_measured=True)
     moves = []
     original = RolloutController.set_worker_cores
 
+    pids = []
+
     def recording(self, worker_cores):
+        pids.append(self.backend.worker_pids())
         original(self, worker_cores)
+        pids.append(self.backend.worker_pids())
         affinity = [info["affinity"] for info in self.backend.worker_info()]
         moves.append((self.options.overlap, sorted(os.sched_getaffinity(0)), affinity))
 
@@ -67,19 +71,25 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     assert logged.apply is None and logged.plan is not None
     assert logged.assumed  # no run of this workload has measured the efficiencies yet
     os.sched_setaffinity(0, CORES)  # the fixed run pinned this process to its trainer core
+    monkeypatch.setattr(  # for the auto run and after
+        split_advisor,
+        "fit_model",
+        lambda windows, base: favours_overlap if len(windows) == 1 else favours_turns,
+    )
     with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
         auto = train(tiny_llama_path, steps=5, strategy=_strategy(worker_cores="auto"))
     assert_same_update(fixed, auto, "auto split against a fixed one")
     assert moves == [
-        (False, CORES, [CORES]),  # turn-taking: both sides on every core
-        (True, [first], [rest]),  # back to overlap on disjoint cores
+        (True, [first], [rest]),  # overlap on disjoint cores
+        (False, CORES, [CORES]),  # back to turn-taking: both sides on every core
     ]
+    assert len(pids) == 4 and all(p == pids[0] for p in pids)  # moved in place
     steps = auto[2].split_advisor.steps
     assert [s.final for s in steps] == [False, True]
-    assert [s.rates.overlap for s in steps] == [True, False]
-    assert [s.rates.training.units for s in steps] == [1, len(CORES)]
+    assert [s.rates.overlap for s in steps] == [False, True]
+    assert [s.rates.training.units for s in steps] == [len(CORES), 1]
     metrics = auto[1].trainer.callback_metrics
-    assert metrics["split/applied"] == 1.0 and metrics["split/overlap"] == 1.0
+    assert metrics["split/applied"] == 1.0 and metrics["split/overlap"] == 0.0
     assert metrics["split/generation_s"] > 0 and metrics["split/training_s"] > 0
     lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
     assert len(lines) == 2 and all("applying it" in line for line in lines)
@@ -88,17 +98,14 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     caplog.clear()
     os.sched_setaffinity(0, CORES)
     with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
-        again = train(
-            tiny_llama_path, steps=3, strategy=_strategy(worker_cores="auto", overlap=False)
-        )
+        again = train(tiny_llama_path, steps=3, strategy=_strategy(worker_cores="auto"))
     assert len(moves) == 2  # no switch
     strategy = again[2]
     assert strategy.split_start.same_split(steps[-1].plan.chosen)
-    assert (strategy.rollouts.options.overlap, strategy.trainer_cores) == (True, [first])
-    assert strategy.rollouts.options.worker_cores == [rest]
-    assert sorted(os.sched_getaffinity(0)) == [first]
+    assert (strategy.rollouts.options.overlap, strategy.trainer_cores) == (False, CORES)
+    assert strategy.rollouts.options.worker_cores == [CORES]
     (step,) = strategy.split_advisor.steps
-    assert step.cached and step.apply is None and step.rates.overlap
+    assert step.cached and step.apply is None and step.rates.overlap is False
     assert again[1].trainer.callback_metrics["split/cached"] == 1.0
     lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
     assert lines[0].startswith("hardware split: cached from ") and "applying" not in lines[1]

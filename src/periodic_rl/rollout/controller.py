@@ -135,9 +135,9 @@ class RolloutController:
         self.pusher.forget_base()
 
     def set_worker_cores(self, worker_cores: list[list[int]]) -> None:
-        """Restart the workers pinned to ``worker_cores`` (between iterations, on rank 0, with
-        nothing generating), each straight onto the weights the workers hold now (fingerprint
-        checked): the run goes on as if nothing happened, only faster or slower."""
+        """Move the workers onto ``worker_cores`` (between iterations, on rank 0, with nothing
+        generating), in place: each keeps its engine and the weights it holds, so the run goes
+        on as if nothing happened, only faster or slower."""
         if self.options.max_staleness > 0:
             raise RuntimeError("the workers generate ahead (max_staleness): cannot move them")
         if len(worker_cores) != self.options.num_workers:

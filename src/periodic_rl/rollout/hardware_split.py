@@ -83,16 +83,18 @@ class MeasuredRates:
 @dataclass(frozen=True)
 class SplitModel:
     """The model's knobs (module docstring): the parallel efficiency of each side (0: more
-    cores do not help, 1: time x cores is constant; :func:`fit_model` measures them), the fixed
-    cost of overlapping, the serial time per iteration (``None``: the rates' ``serial_s``), and
-    ``min_gain``: the current split is kept unless another is predicted faster by this fraction
-    (a switch restarts the workers)."""
+    cores do not help, 1: time x cores is constant; :func:`fit_model` measures them, and
+    ``efficiencies_measured`` says it did), the fixed cost of overlapping, the serial time per
+    iteration (``None``: the rates' ``serial_s``), and ``min_gain``: the current split is kept
+    unless another is predicted faster by this fraction (a switch moves the workers, and a
+    wrong guess costs a window on the slower split)."""
 
     generation_efficiency: float = DEFAULT_EFFICIENCY
     training_efficiency: float = DEFAULT_EFFICIENCY
     overlap_cost_s: float = 0.0
     serial_s: float | None = None
     min_gain: float = 0.05
+    efficiencies_measured: bool = False
 
     def __post_init__(self) -> None:
         for name in ("generation_efficiency", "training_efficiency"):
@@ -124,7 +126,7 @@ def fit_model(windows: Sequence[MeasuredRates], base: SplitModel | None = None) 
     model = base or SplitModel()
     overlapped = next((w for w in windows if w.overlap and w.wall_s is not None), None)
     turns = next((w for w in windows if w.overlap is False and w.wall_s is not None), None)
-    changes: dict[str, float] = {}
+    changes: dict[str, float | bool] = {}
     if turns is not None:
         busy = turns.generation.busy_s + turns.training.busy_s
         changes["serial_s"] = max(0.0, turns.wall_s - busy)
@@ -137,6 +139,7 @@ def fit_model(windows: Sequence[MeasuredRates], base: SplitModel | None = None) 
             e = efficiency_between(getattr(overlapped, side), getattr(turns, side))
             if e is not None:
                 changes[f"{side}_efficiency"] = e
+                changes["efficiencies_measured"] = True
     return replace(model, **changes)
 
 

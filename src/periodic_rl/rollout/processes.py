@@ -68,10 +68,11 @@ def pin_process(cores: list[int], uses_vllm: bool) -> None:
 
 
 def repin_threads(cores: list[int], moved_from: set[int]) -> int:
-    """Move this running process onto ``cores``: every thread pinned to ``moved_from`` (the
-    process's cores until now; threads that chose other cores, such as a background writer
-    allowed on every core, keep them), and torch's thread pool sized to match (its threads
-    started from now on inherit the caller's cores). Returns how many threads moved.
+    """Move this running process onto ``cores``: every thread pinned within ``moved_from`` (the
+    process's cores until now, or some of them, as vLLM pins each OpenMP thread to one core;
+    threads that chose other cores, such as a background writer allowed on every core, keep
+    them), and torch's thread pool sized to match (its threads started from now on inherit the
+    caller's cores). Returns how many threads moved.
 
     ``os.sched_setaffinity(0, ...)`` alone would move the calling thread only.
     """
@@ -80,7 +81,7 @@ def repin_threads(cores: list[int], moved_from: set[int]) -> int:
     moved = 0
     for entry in os.listdir("/proc/self/task"):
         try:
-            if os.sched_getaffinity(int(entry)) == moved_from:
+            if os.sched_getaffinity(int(entry)) <= moved_from:
                 os.sched_setaffinity(int(entry), set(cores))
                 moved += 1
         except OSError:  # the thread ended meanwhile

@@ -456,21 +456,29 @@ class RayRollouts(WeightPushes):
 
     def repin(self, worker_cores: list[list[int]]) -> None:
         """Move the workers to ``worker_cores`` (one list per worker), between generations:
-        each worker whose cores change is replaced by a new actor pinned to its new cores
-        (a worker pins itself before its engine starts any thread), brought to the pushed
-        weights as a restarted worker is; returns once every worker holds them again
-        (fingerprint checked). Not counted as a restart."""
+        each worker whose cores change moves its threads there in place
+        (``RolloutWorker.move_to_cores``), keeping its engine and weights; a worker that dies
+        meanwhile is restarted on its new cores, brought to the pushed weights (fingerprint
+        checked). Returns once every worker runs on its cores. Not counted as a restart."""
+        import ray
+        from ray.exceptions import RayActorError
+
         self._require_started()
         if len(worker_cores) != self.num_workers:
             raise ValueError(f"worker_cores has {len(worker_cores)} entries for {self.num_workers}")
+        expected = self.fingerprint if self._weights_ok else None
         moved = [s for s in self._slots if s.cores != list(worker_cores[s.index])]
+        calls = []
         for slot in moved:
-            self._kill(slot)
+            self._settle(slot, expected)  # a restarting worker holds its weights first
             slot.cores = list(worker_cores[slot.index])
-            self.weights_will_change()
-            self._launch(slot, self._pushed)
-        for slot in moved:
-            self._settle(slot, expected=self.fingerprint if self._weights_ok else None)
+            calls.append((slot, slot.incarnation, slot.actor.move_to_cores.remote(slot.cores)))
+        for slot, incarnation, ref in calls:
+            try:
+                slot.info = ray.get(ref)
+            except RayActorError as error:  # restarted on slot.cores
+                self._restart(slot, incarnation, error)
+                self._settle(slot, expected)
 
     # ---- introspection ----------------------------------------------------------------------
     def worker_pids(self) -> list[int]:

@@ -8,17 +8,20 @@ window the advisor returns a :class:`SplitStep`: the measured rates, the plan of
 :func:`~periodic_rl.rollout.hardware_split.recommend_gpus`) and, with ``auto``, the split to
 switch to before the next iteration:
 
-1. the first window runs on the starting split; ``auto`` then tries the other mode (overlap on
-   disjoint cores, or turn-taking on all cores), since how each side scales with cores is only
-   known once it ran on two core counts;
-2. the second window fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`)
-   and the final plan is applied if it differs from the split running.
+1. ``auto`` starts taking turns on every core: the synchronous run, so that a run whose
+   measurements never predict a gain is exactly as fast as one with overlap off;
+2. after the first window the plan (with the efficiencies assumed,
+   :data:`~periodic_rl.rollout.hardware_split.DEFAULT_EFFICIENCY`, or those a cached run
+   measured) is applied only if it is predicted faster by ``min_gain``; then the second window,
+   on the new split, fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`:
+   one window on each core count measures how each side scales), and the final plan is applied
+   if it differs from the split running (back to turn-taking when the guess was wrong).
 
 With ``cached`` (a split an earlier run chose, :mod:`~periodic_rl.rollout.split_cache`), one
 window of it is measured and logged, and nothing is explored or switched.
 
 Switching changes no number of the run: overlapped and synchronous iterations compute the same
-update, and the restarted workers load the weights they held.
+update, and the moved workers keep the weights they hold.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from periodic_rl.rollout.timing import SpanRecorder
 
 
 def starting_split(cores: Sequence[int], num_workers: int, overlap: bool) -> Candidate:
-    """Where ``worker_cores: auto`` starts: overlapped, the trainer on the first core and the
-    workers on the rest; or, with overlap off, both sides on every core."""
+    """Overlapped with the trainer on the first core and the workers on the rest, or (overlap
+    off) both sides on every core: the two ends of the candidates."""
     if len(cores) < num_workers + 1:
         raise ValueError(
             f"worker_cores='auto' needs at least num_workers + 1 = {num_workers + 1} cores to "
@@ -59,15 +62,15 @@ def starting_split(cores: Sequence[int], num_workers: int, overlap: bool) -> Can
 
 def auto_start(
     num_workers: int,
-    overlap: bool,
     use_ray: bool,
     ray_address: str | None,
     gpus_per_worker: float | None,
     max_staleness: int,
     trainer_cores: list[int] | None,
 ) -> Candidate:
-    """The starting split of ``worker_cores: auto`` on this process's cores, or a ValueError
-    naming why the split cannot be applied with these options."""
+    """The starting split of ``worker_cores: auto`` on this process's cores (turn-taking on all
+    of them: the module docstring), or a ValueError naming why the split cannot be applied
+    with these options."""
     why = None
     if not use_ray:
         why = "needs rollout workers in Ray actors (use_ray: true)"
@@ -81,7 +84,7 @@ def auto_start(
         why = "chooses trainer_cores itself: leave trainer_cores unset"
     if why is not None:
         raise ValueError(f"worker_cores='auto' {why}")
-    return starting_split(sorted(os.sched_getaffinity(0)), num_workers, overlap)
+    return starting_split(sorted(os.sched_getaffinity(0)), num_workers, overlap=False)
 
 
 def log_only_advisor(
@@ -242,16 +245,14 @@ class SplitAdvisor:
             return SplitStep(rates, None, gpus, None, True)
         model = fit_model(self.windows, self.model)
         plan = choose_split(rates, self.cores, self.num_workers, model, self.current)
+        assumed = not model.efficiencies_measured  # one core count per side fits none
         if not self.auto:
             self.done = True
-            assumed = not self.cached and self.model == SplitModel()  # one window fits none
             return SplitStep(rates, plan, None, None, True, model, self.cached, assumed)
-        if len(self.windows) == 1:  # measure the other mode before choosing
-            target = next(c for c in plan.candidates if c.overlap != self.current.overlap)
-        else:
-            self.done = True
-            target = plan.chosen
-        apply = None if target.same_split(self.current) else target
+        # The first window: the plan moves only when predicted faster by min_gain (choose_split
+        # keeps the current split otherwise); the second: the fitted model's plan is final.
+        apply = None if plan.chosen.same_split(self.current) else plan.chosen
+        self.done = apply is None or len(self.windows) > 1
         if apply is not None:
             self.current, self._phase_start = apply, position
-        return SplitStep(rates, plan, None, apply, self.done, model)
+        return SplitStep(rates, plan, None, apply, self.done, model, assumed=assumed)

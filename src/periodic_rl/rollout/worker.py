@@ -24,8 +24,10 @@ from periodic_rl.rollout.core_loan import CoreLoan
 from periodic_rl.rollout.processes import (
     LEFTOVER_SHM_PREFIXES,
     _start_time,
+    cpu_list,
     descendants,
     pin_process,
+    repin_threads,
     shm_files,
 )
 from periodic_rl.rollout.spec import EngineSpec
@@ -296,6 +298,22 @@ class RolloutWorker:
         self.version = version
         self.last_load_s = time.time() - started
         return fingerprint
+
+    def move_to_cores(self, cores: list[int]) -> dict[str, Any]:
+        """Move this worker, between generations, onto ``cores``: its threads on its cores
+        until now move (:func:`~periodic_rl.rollout.processes.repin_threads`), the thread pools
+        are sized to match, and the engine keeps its weights and caches (no restart). Returns
+        :meth:`info`."""
+        if not cores:
+            raise ValueError("a worker needs at least one core")
+        old = set(self.cores) if self.cores else os.sched_getaffinity(0)
+        repin_threads(list(cores), old)
+        threads = str(len(cores))
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
+        if self.spec.uses_vllm:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+        self.cores = list(cores)
+        return self.info()
 
     def load_timings(self) -> dict[str, float]:
         """Seconds of the last :meth:`load_weights`: ``fetch_s`` (the payload from the object

@@ -70,11 +70,12 @@ ROLLOUT_ARGS_DOC = """
             store), ``broadcast`` (a collective from rank 0 into the workers: NCCL between
             GPUs, no host round trip), or ``auto`` (default: ``broadcast`` on GPUs).
         worker_cores: CPU cores to pin each worker to (one list per worker), or ``auto``:
-            start overlapped with the trainer on the first core and the workers on the rest,
-            measure, try turn-taking on all cores, then keep the faster split (CPU, one
-            training process, local Ray, ``max_staleness: 0``; docs/scaling.md). The choice is
-            remembered per machine and workload (``~/.cache/periodic_rl/hardware_split.json``,
-            or ``$PERIODIC_RL_SPLIT_CACHE``): the next such run starts on it, exploring nothing.
+            start taking turns on all cores (``overlap`` is then chosen too), measure, and
+            move to overlap on disjoint cores only where the measured rates predict it faster;
+            after a window there, keep the faster split (CPU, one training process, local
+            Ray, ``max_staleness: 0``; docs/scaling.md). The choice is remembered per machine
+            and workload (``~/.cache/periodic_rl/hardware_split.json``, or
+            ``$PERIODIC_RL_SPLIT_CACHE``): the next such run starts on it, exploring nothing.
         trainer_cores: CPU cores to pin each training process to (with ``worker_cores``, the
             two sides do not fight over cores; chosen by ``worker_cores: auto``).
         lend_idle_cores: with ``worker_cores`` and ``trainer_cores`` (or ``auto``) on one
@@ -145,11 +146,10 @@ class RolloutsMixin:
         start: Candidate | None = None
         if worker_cores == "auto":  # refuses what it cannot apply; picks the starting split
             start = auto_start(
-                num_workers, overlap, use_ray, ray_address, gpus_per_worker, max_staleness,
-                trainer_cores,
-            )  # fmt: skip
+                num_workers, use_ray, ray_address, gpus_per_worker, max_staleness, trainer_cores
+            )
             worker_cores = [list(cores) for cores in start.worker_cores]
-            trainer_cores = list(start.trainer_cores)
+            trainer_cores, overlap = list(start.trainer_cores), start.overlap
         elif isinstance(worker_cores, str):
             raise ValueError(
                 f"worker_cores must be lists of cores, 'auto' or null: {worker_cores!r}"
