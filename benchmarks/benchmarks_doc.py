@@ -48,12 +48,11 @@ WHAT = {  # what each letter means (the JSON holds only the short labels)
     "dl": "as d, with `lend_idle_cores=True` (the library's default from 2026-12-04 on): once "
     "the worker has generated the iteration, the "
     "trainer also runs on core 1 (its last micro-batches, the optimizer step) until the push",
-    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`, c2's micro-batch size: one measured "
-    "iteration overlapped "
-    "(trainer core 0, worker core 1), one taking turns on both cores (the worker restarts on its "
-    "new cores), then the split its model predicts faster for the rest of the run; the first "
-    "step and each step after a switch include a worker restart; the choice is cached (a fresh "
-    "cache per invocation: the first e run explores, the later ones start on its choice)",
+    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`, c2's micro-batch size: it starts "
+    "taking turns on both cores (c2's split) and, after one measured iteration, moves to overlap "
+    "(trainer core 0, worker core 1; the worker moves in place) only if its model predicts that "
+    "faster, then keeps the faster of the two; the choice is cached (a fresh cache per "
+    "invocation: the first e run measures, the later ones start on its choice)",
 }
 CORES = {  # how each configuration uses the machine's cores
     "a": "torch on all cores",

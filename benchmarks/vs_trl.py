@@ -13,9 +13,9 @@ configuration; runs are interleaved a, b, c, d, a, b, c, d, ... over ``--repeats
     dl     d with ``lend_idle_cores=True`` (the default): once the worker has generated the
            iteration, the trainer also runs on core 1 until the push
     e      periodic_rl ``worker_cores: auto`` (``split_after: 1``), c2's micro-batch size: it
-           measures overlap on 0|1 and turn-taking on both cores, then keeps the faster; its
-           choice is cached (a fresh cache per invocation of this script: the first e run
-           explores, the later ones start on its choice)
+           starts taking turns on both cores, tries overlap on 0|1 only where its model
+           predicts it faster, and keeps the faster; its choice is cached (a fresh cache per
+           invocation of this script: the first e run measures, the later ones start on it)
 
 What is held equal: the model, the prompts of every optimizer step (the first
 ``steps x prompts`` rows of ``builtin:arithmetic``'s train split, in order, chat-templated by the

@@ -53,9 +53,9 @@ PRL_SETTINGS = {
         "micro_batch_size": "one group",
         "lend_idle_cores": True,
     },
-    # the library chooses: one measured iteration overlapped (after one of warm-up), one taking
-    # turns on both cores (after one of warm-up: the worker restarts on its new cores), then the
-    # split its model predicts faster for the rest of the run; micro-batches of c2's size
+    # the library chooses: it starts taking turns on both cores and, after one measured
+    # iteration (after one of warm-up), moves to overlap 0|1 only where its model predicts that
+    # faster (the worker moves in place), then keeps the faster; micro-batches of c2's size
     # (two groups), so that taking turns it trains exactly as c2 does
     "e": {
         "overlap": True,
