@@ -30,7 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, markdown_table  # noqa: E402 - the benchmarks folder is not a package
-from vs_trl_report import breakdown_table, main_tables, scan_table, speedup  # noqa: E402
+from vs_trl_report import (  # noqa: E402 - the benchmarks folder is not a package
+    breakdown_table,
+    main_tables,
+    scan_table,
+    speedup,
+    target_verdict,
+    versus_sync,
+)
 from vs_trl_runs import CONFIGS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -206,7 +213,11 @@ SCAN = """\
 
 Breakdown (medians over the {measured_steps} measured steps, seconds):
 
-{breakdowns}"""
+{breakdowns}
+
+Verdicts per workload (`vs_trl_report.target_verdict`):
+
+{verdicts}"""
 CAVEATS = """\
 ## Caveats
 
@@ -431,11 +442,8 @@ def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str,
             v[f"{c}_{name}"] = f"{row[key]:.1f}" if row.get(key) is not None else None
     for o in ("d", "e"):
         if o in by and "c2" in by:
-            ratio = by["c2"]["s_per_step"] / by[o]["s_per_step"]
-            v |= {
-                f"{o}_x": f"{ratio:.2f}x",
-                f"{o}_verdict": "not slower" if ratio >= 1 else "slower",
-            }
+            ratio, verdict, _ = versus_sync(by["c2"], by[o])
+            v |= {f"{o}_x": f"{ratio:.2f}x", f"{o}_verdict": verdict.lower()}
     if "d" in by and "dl" in by:
         v["dl_vs_d"] = f"{by['d']['s_per_step'] / by['dl']['s_per_step']:.2f}x"
     if "d" in by and "c2" in by:
@@ -494,6 +502,11 @@ def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict
         "scan_table": scan_table(points, configs),
         "breakdowns": "\n\n".join(
             f"**{p['name']}**\n\n{breakdown_table(p['summary'])}" for p in points
+        ),
+        "verdicts": "\n\n".join(
+            f"**{p['name']}**\n\n"
+            + "\n".join(wrap("- " + x, "  ") for x in target_verdict(p["summary"]).splitlines())
+            for p in points
         ),
         "scan_stale": "" if where["stale"] is None else " (stale: see its section)",
         "scan_points": "; ".join(cells),
