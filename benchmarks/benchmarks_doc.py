@@ -140,6 +140,13 @@ periodic_rl runs use `num_val=0` (no held-out evaluation), no progress bar and n
 - **generate / train / weight push**: periodic_rl takes these from its own timing spans. For TRL,
   `generate` wraps `_generate_single_turn` and `train` is the rest of the step: forward and
   backward, the optimizer, rewards and logging.
+- **overlapped vs synchronous** (the verdicts): each measured step of an overlapped
+  configuration is paired with the synchronous run's (c2) step of the same seed and index (the
+  same prompts and, as the reward tables show, the same update). The verdict is **SLOWER** when
+  a 90% bootstrap interval of the median pair ratio lies wholly below 1, **not slower** when the
+  ratio of median steps is at least 1, and **within noise** otherwise: a run that takes turns
+  on the same cores as c2 (what `auto` keeps unless overlap is predicted faster) differs from
+  c2 by that much from run to run.
 
 ## The machine
 
