@@ -37,6 +37,8 @@ COPIED = [
     "pyproject.toml",
     "benchmarks/soak_run.py",  # the soak test imports it, and its helpers
     "benchmarks/common.py",
+    "benchmarks/vs_trl_report.py",  # the benchmark's verdicts, and what they import
+    "benchmarks/vs_trl_runs.py",
 ]
 TIMEOUT_S = 1200
 
