@@ -655,6 +655,16 @@ MUTATIONS: list[Mutation] = [
         tests=("tests/test_benchmark_report.py::test_the_verdict_follows_the_paired_steps",),
     ),
     Mutation(
+        name="threads pinned to one of the old cores are left behind when a process moves",
+        file="src/periodic_rl/rollout/processes.py",
+        old="            if os.sched_getaffinity(int(entry)) <= moved_from:\n",
+        new="            if os.sched_getaffinity(int(entry)) == moved_from:\n",
+        tests=(
+            "tests/rollout/test_processes.py::"
+            "test_repin_threads_moves_the_threads_within_the_old_cores_only",
+        ),
+    ),
+    Mutation(
         name="worker_cores auto ignores the cached split (starts on the default one)",
         file="src/periodic_rl/strategies/rollouts_mixin.py",
         old="            if hit is not None:\n",

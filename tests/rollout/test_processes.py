@@ -3,10 +3,14 @@ the /dev/shm files they hold."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 
-from periodic_rl.rollout.processes import cpu_list, descendants, shm_files
+import pytest
+
+from periodic_rl.rollout.processes import cpu_list, descendants, repin_threads, shm_files
 
 
 def test_cpu_list():
@@ -38,3 +42,48 @@ def test_descendants_and_shm_files(tmp_path):
         import os
 
         os.unlink("/dev/shm/periodic_rl_test_shm")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="moves threads between two cores")
+def test_repin_threads_moves_the_threads_within_the_old_cores_only():
+    """From two cores to one: threads pinned to both, or to one of them (as vLLM pins its
+    OpenMP threads), move; a thread allowed on more cores than the old ones (a background
+    writer; with a third core) keeps them."""
+    import torch
+
+    every = os.sched_getaffinity(0)
+    first, second = sorted(every)[:2]
+    old = {first, second}
+    threads, tids, ready, done = (
+        torch.get_num_threads(),
+        {},
+        threading.Barrier(3),
+        threading.Event(),
+    )
+
+    def park(name: str, cores: set[int]) -> None:
+        os.sched_setaffinity(0, cores)
+        tids[name] = threading.get_native_id()
+        ready.wait()
+        done.wait()
+
+    workers = [
+        threading.Thread(target=park, args=("one core", {first})),
+        threading.Thread(target=park, args=("every core", every)),
+    ]
+    try:
+        os.sched_setaffinity(0, old)
+        for t in workers:
+            t.start()
+        ready.wait()
+        assert repin_threads([second], old) >= 2  # this thread and the one-core one
+        assert os.sched_getaffinity(0) == {second} == os.sched_getaffinity(tids["one core"])
+        kept = every if every != old else {second}  # on two cores "every" is the old cores
+        assert os.sched_getaffinity(tids["every core"]) == kept
+        assert torch.get_num_threads() == 1
+    finally:
+        done.set()
+        for t in workers:
+            t.join()
+        os.sched_setaffinity(0, every)
+        torch.set_num_threads(threads)
