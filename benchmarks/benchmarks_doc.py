@@ -88,7 +88,8 @@ completions x at most {R} new tokens per step, {seeds_n}:
 - With `--precision {bf16_precision} --engine-dtype {bf16_vllm_dtype}`{bf16_stale}:
   ({bf16_best}) makes {bf16_best_x} the completions/s of (a) ({bf16_best_x_mean} from total
   time); {bf16_dtype}.
-- Workload scan{scan_stale}, (a)'s s/step over periodic_rl's: {scan_points}.
+- Workload scan{scan_stale}, (a)'s s/step over periodic_rl's, and `auto` (e) against the
+  synchronous run (c2): {scan_points}.
 - {b}"""
 RUN = """\
 ## What was run
@@ -491,11 +492,15 @@ def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict
     groups = all(p["settings"]["micro_batch_size"] == p["G"] for p in points)
     words = sorted({p["system_words"] for p in points if p["system_words"]})
     where = provenance(data, main)
-    cells = [
-        f"{p['name']} {speedup(ok_by(p['summary']), 'a', 'd')} (d), "
-        f"{speedup(ok_by(p['summary']), 'a', 'c2')} (c2)"
-        for p in points
-    ]
+    cells = []
+    for p in points:
+        by = ok_by(p["summary"])
+        shown = [c for c in ("d", "dl", "c2", "e") if c in by]
+        cell = f"{p['name']} " + ", ".join(f"{speedup(by, 'a', c)} ({c})" for c in shown)
+        if "e" in by and "c2" in by:
+            ratio, verdict, _ = versus_sync(by["c2"], by["e"])
+            cell += f", e {ratio:.2f}x c2 ({verdict})"
+        cells.append(cell)
     return {
         **s,
         "where": fill(WHERE, where),
