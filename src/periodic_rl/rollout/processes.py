@@ -25,6 +25,7 @@ __all__ = [
     "reap",
     "remove_unused_shm",
     "repin_threads",
+    "set_thread_env",
     "shm_files",
     "visible_gpus",
 ]
@@ -57,14 +58,20 @@ def pin_process(cores: list[int], uses_vllm: bool) -> None:
     if bad:
         raise ValueError(f"cores {bad} do not exist on this machine ({available} CPUs)")
     os.sched_setaffinity(0, set(cores))
+    set_thread_env(cores, uses_vllm)
+    import torch
+
+    torch.set_num_threads(len(cores))
+
+
+def set_thread_env(cores: list[int], uses_vllm: bool) -> None:
+    """The thread-pool variables for ``cores`` (OpenMP, MKL and, for vLLM, its OpenMP binding),
+    read by libraries that start their pools from now on."""
     threads = str(len(cores))
     os.environ["OMP_NUM_THREADS"] = threads
     os.environ["MKL_NUM_THREADS"] = threads
     if uses_vllm:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
-    import torch
-
-    torch.set_num_threads(len(cores))
 
 
 def repin_threads(cores: list[int], moved_from: set[int]) -> int:

@@ -459,7 +459,8 @@ class RayRollouts(WeightPushes):
         each worker whose cores change moves its threads there in place
         (``RolloutWorker.move_to_cores``), keeping its engine and weights; a worker that dies
         meanwhile is restarted on its new cores, brought to the pushed weights (fingerprint
-        checked). Returns once every worker runs on its cores. Not counted as a restart."""
+        checked). Returns once every worker runs on its cores. A move is not counted as a restart
+        (a death during one is)."""
         import ray
         from ray.exceptions import RayActorError
 

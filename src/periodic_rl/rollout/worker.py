@@ -24,10 +24,10 @@ from periodic_rl.rollout.core_loan import CoreLoan
 from periodic_rl.rollout.processes import (
     LEFTOVER_SHM_PREFIXES,
     _start_time,
-    cpu_list,
     descendants,
     pin_process,
     repin_threads,
+    set_thread_env,
     shm_files,
 )
 from periodic_rl.rollout.spec import EngineSpec
@@ -308,10 +308,7 @@ class RolloutWorker:
             raise ValueError("a worker needs at least one core")
         old = set(self.cores) if self.cores else os.sched_getaffinity(0)
         repin_threads(list(cores), old)
-        threads = str(len(cores))
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
-        if self.spec.uses_vllm:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(cores)
+        set_thread_env(cores, self.spec.uses_vllm)
         self.cores = list(cores)
         return self.info()
 
