@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
+from periodic_rl.heap import keep_freed_memory
 from periodic_rl.rollout.controller import PromptShare, RolloutController
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
@@ -211,6 +212,8 @@ class RolloutsMixin:
         if self.trainer_cores:
             os.sched_setaffinity(0, set(self.trainer_cores))
             torch.set_num_threads(len(self.trainer_cores))
+        if self.root_device.type == "cpu":  # type: ignore[attr-defined]
+            keep_freed_memory()  # each step's large buffers reused, not page-faulted in again
         super().setup(trainer)  # type: ignore[misc]
         self.rollouts.start(self.lightning_module.model_path, rank_link, self.rollout_settings)
         if pending:  # rank 0's choice on every rank (a collective: all ranks are pending)
