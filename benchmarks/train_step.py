@@ -20,6 +20,7 @@ at most 64 tokens; about 6 minutes on the 2-core machine)::
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import resource
 import statistics
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-load", type=float, default=1.5)
     p.add_argument("--max-wait", type=float, default=120.0)
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "train_step.json")
+    p.add_argument("--report", type=Path, help="rebuild the table of a result file (no runs)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -82,8 +84,6 @@ def workload(config: dict[str, Any]) -> list[tuple[list[int], list[list[int]]]]:
 
 def child_main(path: Path) -> None:
     """One run: ``config["mode"]`` applied, then ``steps`` timed trainer steps."""
-    import json
-
     config = json.loads(path.read_text())
     from periodic_rl.heap import keep_freed_memory
 
@@ -137,6 +137,9 @@ def summarize(runs: list[dict[str, Any]], warmup: int) -> dict[str, dict[str, fl
             "first_s": statistics.median(r["step_s"][0] for r in mine) if mine else float("nan"),
             "steady_faults": statistics.median(faults) if faults else float("nan"),
             "first_faults": statistics.median(r["page_faults"][0] for r in mine) if mine else 0,
+            "peak_rss_gib": statistics.median(r["peak_trainer_rss_gib"] for r in mine)
+            if mine
+            else float("nan"),
             "runs": len(mine),
         }
     return out
@@ -152,12 +155,13 @@ def table(summary: dict[str, dict[str, float]]) -> str:
             int(s["steady_faults"]),
             round(s["first_s"], 2),
             int(s["first_faults"]),
+            s["peak_rss_gib"],
             s["runs"],
         ]
         for mode, s in summary.items()
     ]
     headers = ["malloc", "s/step", "vs default", "page faults/step", "first step s",
-               "first step faults", "runs"]  # fmt: skip
+               "first step faults", "peak RSS GiB", "runs"]  # fmt: skip
     return markdown_table(headers, rows)
 
 
@@ -166,10 +170,17 @@ def main() -> None:
     if args.child is not None:
         child_main(args.child)
         return
+    if args.report is not None:  # the table again, from the runs
+        data = json.loads(args.report.read_text())
+        data["summary"] = summarize(data["runs"], data["settings"]["warmup"])
+        data["table_markdown"] = table(data["summary"])
+        print(data["table_markdown"])
+        write_json(args.report, data)
+        return
     machine = machine_info()
     print(f"machine: {machine['nproc']} x {machine['cpu_model']}, git {machine['git']}")
     quiet = wait_for_quiet(args.max_load, args.max_wait)
-    settings = {k: v for k, v in vars(args).items() if k not in ("output", "child")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("output", "child", "report")}
     runs = []
     for repeat in range(args.repeats):
         for mode in MODES:

@@ -961,6 +961,27 @@ MUTATIONS: list[Mutation] = [
             "test_cpu_half_precision_attends_in_float32[False-sdpa]",
         ),
     ),
+    Mutation(
+        name="keep_freed_memory leaves mmap on (large buffers faulted in again every time)",
+        file="src/periodic_rl/heap.py",
+        old="return bool(mallopt(M_MMAP_MAX, 0)) and bool(",
+        new="return bool(",
+        tests=("tests/test_heap.py::test_a_freed_buffer_is_reused_without_page_faults",),
+    ),
+    Mutation(
+        name="keep_freed_memory overrides an allocator the environment chose",
+        file="src/periodic_rl/heap.py",
+        old=' != "glibc" or allocator_chosen():',
+        new=' != "glibc":',
+        tests=("tests/test_heap.py::test_an_allocator_chosen_by_the_environment_is_left_alone",),
+    ),
+    Mutation(
+        name="a CPU trainer does not keep freed memory",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="            keep_freed_memory()  # each step",
+        new="            pass  # each step",
+        tests=("tests/test_heap.py::test_a_cpu_trainer_keeps_freed_memory",),
+    ),
 ]
 
 
