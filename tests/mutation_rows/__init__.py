@@ -1,0 +1,17 @@
+"""The rows of ``tests/mutations.py``, one module per part of the library (each under 500 lines).
+
+To add a mutation, append a :class:`~mutation_rows.base.Mutation` to the module of the file it
+breaks: ``old`` is copied verbatim from the file (whitespace included), ``tests`` are pytest node
+ids relative to the repository root.
+"""
+
+from __future__ import annotations
+
+from mutation_rows.base import Mutation
+from mutation_rows.rollout import ROWS as ROLLOUT_ROWS
+from mutation_rows.strategies import ROWS as STRATEGY_ROWS
+from mutation_rows.training import ROWS as TRAINING_ROWS
+
+MUTATIONS: list[Mutation] = [*TRAINING_ROWS, *ROLLOUT_ROWS, *STRATEGY_ROWS]
+
+__all__ = ["MUTATIONS", "Mutation"]
