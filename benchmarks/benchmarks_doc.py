@@ -243,6 +243,10 @@ CAVEATS = """\
 - **Not tuned.** Neither side was tuned beyond matching the settings: periodic_rl uses its
   defaults, TRL its defaults except for what had to match (constant learning rate, no gradient
   checkpointing, precision `{precision}`, `shuffle_dataset=False`).
+- **The allocator.** periodic_rl's CPU trainer keeps the memory it frees for its next
+  allocations (`periodic_rl.heap.keep_freed_memory`, 1.13x per training step in
+  `benchmarks/train_step.py`); TRL's process runs with glibc's defaults, as a TRL user's would.
+  Setting `MALLOC_MMAP_MAX_=0` for TRL would likely speed its training up too; not measured.
 - `--quick` (a tiny random model) is a smoke test of the script; its numbers are not reported.
   This page covers the CPU result files; `bash benchmarks/gpu.sh` runs the comparison on one
   CUDA GPU."""
