@@ -489,6 +489,15 @@ def ok_by(summary: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["config"]: r for r in summary if r["ok"]}
 
 
+def point_verdicts(point: dict[str, Any]) -> str:
+    """A scan point's verdict lines, and the split ``auto`` (e) ended each of its runs on."""
+    text = target_verdict(point["summary"])
+    e_runs = [r for r in point["runs"] if r["config"] == "e" and r.get("ok")]
+    if e_runs:
+        text += "\nwhere `auto` (e) ended each run: " + "; ".join(map(split_choice, e_runs))
+    return text
+
+
 def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict[str, Any]:
     """The values of the scan section and of its bullet in the short version."""
     s, points, configs = data["settings"], data["points"], list(data["configs"])
@@ -521,7 +530,7 @@ def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict
         ),
         "verdicts": "\n\n".join(
             f"**{p['name']}**\n\n"
-            + "\n".join(wrap("- " + x, "  ") for x in target_verdict(p["summary"]).splitlines())
+            + "\n".join(wrap("- " + x, "  ") for x in point_verdicts(p).splitlines())
             for p in points
         ),
         "scan_stale": "" if where["stale"] is None else " (stale: see its section)",
