@@ -164,6 +164,12 @@ def split_choice(run: dict[str, Any]) -> str:
     return f"seed {seed}: {how} (trainer {t:.0f}, worker {w:.0f} cores{source})"
 
 
+def split_choices(runs: list[dict[str, Any]]) -> str | None:
+    """:func:`split_choice` of every successful (e) run, or None when there is none."""
+    e_runs = [r for r in runs if r["config"] == "e" and r.get("ok")]
+    return "; ".join(map(split_choice, e_runs)) if e_runs else None
+
+
 def dtype_used(data: dict[str, Any]) -> str | None:
     """Which vLLM dtype periodic_rl's runs used, and the decode rates ``auto`` measured."""
     runs = [r for r in data["runs"] if r.get("ok") and r["config"] in OURS]
@@ -263,8 +269,7 @@ def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str,
     if "d" in by and "c2" in by:
         d = by["d"]
         v["d_bound"] = f"{max(d['generate_s'], d['train_s']) + d['push_s']:.1f}"
-    e_runs = [r for r in data["runs"] if r["config"] == "e" and r.get("ok")]
-    v["e_choices"] = "; ".join(split_choice(r) for r in e_runs) if e_runs else None
+    v["e_choices"] = split_choices(data["runs"])
     trajectories = {c: [p["reward_per_step"] for p in by[c]["per_seed"]] for c in ours}
     same = [c for c in ours if trajectories[c] == trajectories[ours[0]]]
     if len(same) > 1:
@@ -294,10 +299,8 @@ def ok_by(summary: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def point_verdicts(point: dict[str, Any]) -> str:
     """A scan point's verdict lines, and the split ``auto`` (e) ended each of its runs on."""
     text = target_verdict(point["summary"])
-    e_runs = [r for r in point["runs"] if r["config"] == "e" and r.get("ok")]
-    if e_runs:
-        text += "\nwhere `auto` (e) ended each run: " + "; ".join(map(split_choice, e_runs))
-    return text
+    choices = split_choices(point["runs"])
+    return text + f"\nwhere `auto` (e) ended each run: {choices}" if choices else text
 
 
 def scan_numbers(data: dict[str, Any], main: dict[str, Any], path: Path) -> dict[str, Any]:

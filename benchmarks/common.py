@@ -226,7 +226,7 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
 def idle_priority() -> None:
     """Run the calling thread only when a core is otherwise idle (Linux ``SCHED_IDLE``).
 
-    Reading every process's ``smaps`` for PSS takes 10-20% of a core with Ray's dozen processes
+    Reading every process's ``smaps`` for PSS took 6-20% of a core with Ray's dozen processes
     and a 4 GiB trainer; at normal priority the sampler took that from the run it measured,
     more from a run with more processes. Linux applies scheduling to the thread id given."""
     if hasattr(os, "SCHED_IDLE"):
