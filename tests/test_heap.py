@@ -1,7 +1,6 @@
 """keep_freed_memory: a large buffer freed and allocated again is reused, not page-faulted in
 again; the environment's own allocator choice is left alone; a CPU trainer applies it."""
 
-import platform
 import subprocess
 import sys
 
@@ -10,16 +9,15 @@ from rl_helpers import train
 
 from periodic_rl import heap
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-needs_glibc = pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's (Linux)")
+needs_glibc = pytest.mark.skipif(not heap.uses_glibc(), reason="mallopt is glibc's")
 
 #: Allocates, fills and frees 256 MiB twice and prints the page faults of the second round.
 SECOND_ROUND_FAULTS = """
-import ctypes, ctypes.util, resource, sys
+import ctypes, resource, sys
 from periodic_rl.heap import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]

@@ -16,9 +16,7 @@ The cost: the process's resident memory stays near its peak instead of shrinking
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-import platform
 
 __all__ = ["keep_freed_memory"]
 
@@ -43,18 +41,26 @@ def allocator_chosen() -> bool:
     return any(name in preload for name in ("jemalloc", "tcmalloc", "mimalloc"))
 
 
+def uses_glibc() -> bool:
+    """Whether this process runs on glibc (whose ``mallopt`` takes the settings below)."""
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):  # no confstr, or a libc that lacks the name
+        return False
+    return bool(version) and version.startswith("glibc")
+
+
 def keep_freed_memory() -> bool:
     """Serve large allocations from the heap and keep freed memory for reuse (glibc).
 
-    Returns whether the setting was applied: False off Linux/glibc, when the environment already
+    Returns whether the setting was applied: False off glibc, when the environment already
     chose the allocator's behaviour (:func:`allocator_chosen`), or when ``mallopt`` refuses.
     Applies to allocations made after the call; calling it again is harmless.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or allocator_chosen():
+    if not uses_glibc() or allocator_chosen():
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own libc
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

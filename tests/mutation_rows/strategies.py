@@ -146,8 +146,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="keep_freed_memory overrides an allocator the environment chose",
         file="src/periodic_rl/heap.py",
-        old=' != "glibc" or allocator_chosen():',
-        new=' != "glibc":',
+        old="    if not uses_glibc() or allocator_chosen():",
+        new="    if not uses_glibc():",
         tests=("tests/test_heap.py::test_an_allocator_chosen_by_the_environment_is_left_alone",),
     ),
     Mutation(
