@@ -1,6 +1,7 @@
 """The hardware-split chooser: measured busy times in, one deterministic plan out."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from periodic_rl.rollout.hardware_split import (
     choose_split,
     efficiency_between,
     fit_model,
+    pipeline_s,
     rates_from_summaries,
     recommend_gpus,
 )
@@ -125,6 +127,64 @@ def test_rates_from_iteration_summaries():
     ]
     measured = rates_from_summaries(summaries, 1, 1, overlap=True)
     assert measured == rates(3.0, 1, 2.0, 1, 0.5, wall_s=4.0, overlap=True, iterations=2)
+    counted = [
+        s | {"micro_batches": m, "training_lent_time": m - 2}
+        for s, m in zip(summaries, (2, 4), strict=True)
+    ]
+    measured = rates_from_summaries(counted, 1, 1, overlap=True)
+    assert (measured.micro_batches, measured.lent_s) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((4, 6, None), 6),  # micro-batches not measured: the sides overlap fully
+        ((4, 6, 1), 10),  # one micro-batch: nothing to overlap
+        ((4, 4, 2), 6),  # max(4, 4) + the first micro-batch's generation (2)
+        ((4, 4, 2, 2), 5),  # the last micro-batch trains on every core after generation: 1 s
+        # generation ends while the first micro-batch trains: 1 s of it beside generation (a
+        # third), the rest at the faster pace (2/3 x 1.5), then the second on every core (1.5)
+        ((2, 6, 2, 3), 4.5),
+        ((4, 4, 2.4), 6),  # a mean count of micro-batches is rounded
+    ],
+)
+def test_overlapped_iteration_as_a_pipeline_of_micro_batches(args, expected):
+    assert pipeline_s(*args) == pytest.approx(expected)
+
+
+def test_few_micro_batches_keep_turn_taking_that_full_overlap_would_leave():
+    """A workload measured taking turns on 2 cores (generation 6 s, training 9 s, push 0.5 s),
+    efficiencies assumed (0.5), the trainer borrowing the worker's core once generation ends.
+    Counting the sides as fully overlapped, one core each looks 10% faster (max(9, 13.5) + 0.5
+    against 15.5); in the two micro-batches measured, the first waits for half the generation
+    and the last trains after it: 15.5 s, a tie, and turn-taking stays. With 8 micro-batches
+    overlap wins (13.25 s)."""
+    model = SplitModel(lend_idle_cores=True)
+    full = choose_split(rates(6, 2, 9, 2, 0.5), (0, 1), 1, model)
+    assert split(full) == (True, (0,), ((1,),), 14.0)
+    two = choose_split(rates(6, 2, 9, 2, 0.5, micro_batches=2), (0, 1), 1, model)
+    assert [c.predicted_s for c in two.candidates] == [15.5, 15.5] and not two.chosen.overlap
+    eight = choose_split(rates(6, 2, 9, 2, 0.5, micro_batches=8), (0, 1), 1, model)
+    assert split(eight) == (True, (0,), ((1,),), 13.25)
+    unlent = choose_split(rates(6, 2, 9, 2, 0.5, micro_batches=8), (0, 1), 1, SplitModel())
+    assert unlent.candidates[1].predicted_s == pytest.approx(15.125)  # no loan: slower drain
+
+
+def test_borrowed_seconds_are_taken_out_of_training_on_its_own_cores():
+    """Training busy 5 s on 1 of 2 cores, 2 s of it on both (the worker's core lent), e = 0.5:
+    alone on 2 cores it takes (5 - 2) / 1.5 + 2 = 4 s, on 1 core 6 s. Fitting with a
+    turn-taking window that trained 4 s on 2 cores recovers e = 0.5, where the raw 5 s would
+    say 0.25; the overlap cost is what the pipeline (8 s) and the push leave of the wall."""
+    overlapped = rates(6, 1, 5, 1, 0.5, wall_s=8.75, overlap=True, micro_batches=2, lent_s=2.0)
+    assert overlapped.training_on(2, 0.5, 2) == pytest.approx(4.0)
+    assert overlapped.training_on(1, 0.5, 2) == pytest.approx(6.0)
+    turns = rates(4, 2, 4, 2, 0.5, wall_s=8.5, overlap=False, micro_batches=2)
+    model = fit_model([turns, overlapped], SplitModel(lend_idle_cores=True))
+    assert model.generation_efficiency == pytest.approx(0.5)
+    assert model.training_efficiency == pytest.approx(0.5)
+    assert model.serial_s == pytest.approx(0.5) and model.overlap_cost_s == pytest.approx(0.25)
+    raw = fit_model([turns, replace(overlapped, lent_s=0.0)], SplitModel(lend_idle_cores=True))
+    assert raw.training_efficiency == pytest.approx(0.25)
 
 
 def test_gpus_that_balance_the_sides():
@@ -155,6 +215,8 @@ def test_gpus_that_balance_the_sides():
         (lambda: recommend_gpus(rates(1, 1, 1, 1), gpus_per_worker=0.5), "whole number"),
         (lambda: recommend_gpus(rates(1, 1, 1, 1), total_gpus=1), "cannot hold a trainer"),
         (lambda: rates_from_summaries([], 1, 1), "no iteration summaries"),
+        (lambda: rates(1, 1, 1, 1, micro_batches=0.5), ">= 1 micro-batch"),
+        (lambda: rates(1, 1, 1, 1, lent_s=-1.0), "lent_s must be >= 0"),
     ],
 )
 def test_invalid_input_is_refused(build, message):

@@ -49,7 +49,7 @@ def overlapped_iteration() -> SpanRecorder:
 def test_summary_of_an_overlapped_iteration():
     rec = overlapped_iteration()
     assert rec.summary()["cores_lent_time"] == 0
-    rec.add("cores lent", LOAN_LANE, 10, 11)  # after the last generation, before the push
+    rec.add("cores lent", LOAN_LANE, 10, 12)  # from the last generation through the push
     s = rec.summary()
     assert s["wall_time"] == pytest.approx(12)
     assert s["generation_time"] == pytest.approx(10)
@@ -58,7 +58,9 @@ def test_summary_of_an_overlapped_iteration():
     assert s["training_time"] == pytest.approx(6)
     assert s["trainer_idle_time"] == pytest.approx(5)
     assert s["push_time"] == pytest.approx(1)
-    assert s["cores_lent_time"] == pytest.approx(1)
+    assert s["cores_lent_time"] == pytest.approx(2)
+    assert s["training_lent_time"] == pytest.approx(1)  # [10, 11] of the training [8, 11]
+    assert s["micro_batches"] == 2
     # Training during generation: [4, 7] and [8, 10] -> 5 of 10 s.
     assert s["overlap_ratio"] == pytest.approx(0.5)
     assert s["num_workers"] == 2

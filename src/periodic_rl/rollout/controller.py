@@ -36,7 +36,7 @@ from periodic_rl.rollout.producer import (
 from periodic_rl.rollout.ranks import RankLink, SingleRank
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
-from periodic_rl.rollout.timing import SpanRecorder
+from periodic_rl.rollout.timing import MICRO_BATCH_NAME, SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.weight_sync.push import PushablePolicy, WeightPusher
 from periodic_rl.weight_sync.snapshot import PolicySnapshot, Snapshotter
@@ -479,4 +479,4 @@ class RolloutController:
                 return
             train_start = time.time()
             yield groups
-            self.spans.add("train micro-batch", "trainer", train_start, time.time())
+            self.spans.add(MICRO_BATCH_NAME, "trainer", train_start, time.time())

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from periodic_rl.rollout.hardware_split import (
@@ -117,6 +117,7 @@ def log_only_advisor(
         tuple(tuple(cores) for cores in workers),
         0.0,
     )
+    model = replace(model or SplitModel(), lend_idle_cores=options.lend_idle_cores)
     return SplitAdvisor(current, machine_cores, options.num_workers, window, model=model)
 
 

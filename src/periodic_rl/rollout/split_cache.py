@@ -49,7 +49,7 @@ TRAINING_HPARAMS = (
     "dynamic_sampling",
     "max_prompt_length",
 )
-_FORMAT = 1  # bumped when an entry's meaning changes: older entries then miss
+_FORMAT = 2  # bumped when an entry's meaning changes: older entries then miss
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ Naming convention read by :meth:`SpanRecorder.summary`:
 - lanes starting with ``"worker-"`` carry generation calls (any span name);
 - on the ``"trainer"`` lane, spans named in :data:`WAIT_NAMES` are idle time, spans named in
   :data:`PUSH_NAMES` are weight pushes, every other span is training;
-- spans named in :data:`PUSH_NAMES` count as push time on any lane.
+- spans named in :data:`PUSH_NAMES` count as push time on any lane;
+- spans named :data:`MICRO_BATCH_NAME` on the trainer lane are counted (micro-batches per
+  iteration), and training that overlaps the lane :data:`LOAN_LANE` ran on borrowed cores too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ WORKER_LANE_PREFIX = "worker-"
 LOAN_LANE = "trainer cores lent"
 WAIT_NAMES = frozenset({"wait"})
 PUSH_NAMES = frozenset({"weight push"})
+#: The trainer's span of one micro-batch's forward and backward (counted per iteration).
+MICRO_BATCH_NAME = "train micro-batch"
 
 Interval = tuple[float, float]
 
@@ -238,6 +242,7 @@ def summarize(spans: list[Span]) -> dict[str, float]:
     training = [(s.start, s.end) for s in trainer if s.name not in WAIT_NAMES | PUSH_NAMES]
     waiting = [(s.start, s.end) for s in trainer if s.name in WAIT_NAMES]
     pushes = [(s.start, s.end) for s in spans if s.name in PUSH_NAMES]
+    lent = [(s.start, s.end) for s in spans if s.lane == LOAN_LANE]
 
     generation_time = measure(generation)
     generation_union = union(generation)
@@ -252,7 +257,9 @@ def summarize(spans: list[Span]) -> dict[str, float]:
         "training_time": measure(training),
         "trainer_idle_time": measure(waiting),
         "push_time": measure(pushes),
-        "cores_lent_time": measure([(s.start, s.end) for s in spans if s.lane == LOAN_LANE]),
+        "cores_lent_time": measure(lent),
+        "training_lent_time": measure(intersection(training, lent)),
+        "micro_batches": float(sum(1 for s in trainer if s.name == MICRO_BATCH_NAME)),
         "overlap_ratio": overlap / generation_time if generation_time > 0 else 0.0,
         "num_workers": float(len(worker_lanes)),
     }

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -31,7 +32,7 @@ from periodic_rl.rollout.engine_dtype import (
     check_engine_dtype,
     resolve_engine_dtype,
 )
-from periodic_rl.rollout.hardware_split import Candidate
+from periodic_rl.rollout.hardware_split import Candidate, SplitModel
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.processes import repin_threads
@@ -296,9 +297,12 @@ class RolloutsMixin:
             return None
         if self.split_start is not None:
             hit = self.split_cache.hit if self.split_cache is not None else None
+            model = replace(
+                hit.model if hit else SplitModel(), lend_idle_cores=options.lend_idle_cores
+            )
             return SplitAdvisor(
                 self.split_start, self._machine_cores, options.num_workers, self.split_after,
-                auto=hit is None, model=hit.model if hit else None, cached=hit is not None,
+                auto=hit is None, model=model, cached=hit is not None,
             )  # fmt: skip
         devices = getattr(self, "parallel_devices", None) or [self.root_device]  # type: ignore[attr-defined]
         known = None  # what a worker_cores: auto run of this workload measured, if one did
