@@ -334,10 +334,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the report counts no time of the workers' cores lent to the trainer",
         file="src/periodic_rl/rollout/timing.py",
-        old=(
-            '        "cores_lent_time": measure([(s.start, s.end) for s in spans '
-            "if s.lane == LOAN_LANE]),\n"
-        ),
+        old='        "cores_lent_time": measure(lent),\n',
         new='        "cores_lent_time": 0.0,\n',
         tests=("tests/rollout/test_timing.py::test_summary_of_an_overlapped_iteration",),
     ),

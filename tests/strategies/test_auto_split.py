@@ -68,6 +68,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     )
     assert not moves  # a fixed split is only logged
     (logged,) = fixed[2].split_advisor.steps
+    assert fixed[2].split_advisor.model.lend_idle_cores  # the run's option, modelled
     assert logged.apply is None and logged.plan is not None
     assert logged.assumed  # no run of this workload has measured the efficiencies yet
     os.sched_setaffinity(0, CORES)  # the fixed run pinned this process to its trainer core
@@ -85,6 +86,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     ]
     assert len(pids) == 4 and all(p == pids[0] for p in pids)  # moved in place
     steps = auto[2].split_advisor.steps
+    assert auto[2].split_advisor.model.lend_idle_cores
     assert [s.final for s in steps] == [False, True]
     assert [s.rates.overlap for s in steps] == [False, True]
     assert [s.rates.training.units for s in steps] == [len(CORES), 1]

@@ -1,0 +1,71 @@
+"""Rows that break how the hardware split predicts an iteration from measured spans."""
+
+from __future__ import annotations
+
+from mutation_rows.base import Mutation
+
+PLAN_TESTS = "tests/rollout/test_hardware_split.py"
+AUTO_TEST = (
+    "tests/strategies/test_auto_split.py::"
+    "test_auto_split_switches_twice_and_trains_as_a_fixed_split"
+)
+
+ROWS: list[Mutation] = [
+    Mutation(
+        name="an overlapped iteration predicted fully overlapped (no pipeline fill or drain)",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old="    if micro_batches is None:\n        return max(generation_s, training_s)\n",
+        new="    return max(generation_s, training_s)\n",
+        tests=(
+            f"{PLAN_TESTS}::test_few_micro_batches_keep_turn_taking_that_full_overlap_would_leave",
+            f"{PLAN_TESTS}::test_overlapped_iteration_as_a_pipeline_of_micro_batches",
+        ),
+    ),
+    Mutation(
+        name="the trainer's borrowed seconds fitted as if on its own cores",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old="    if lent <= 0 or turns.training.units <= t.units:\n",
+        new="    if True:\n",
+        tests=(f"{PLAN_TESTS}::test_borrowed_seconds_are_taken_out_of_training_on_its_own_cores",),
+    ),
+    Mutation(
+        name="the trainer's borrowed seconds predicted as if on its own cores",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old="        if self.lent_s <= 0 or t.units >= all_units:\n",
+        new="        if True:\n",
+        tests=(f"{PLAN_TESTS}::test_borrowed_seconds_are_taken_out_of_training_on_its_own_cores",),
+    ),
+    Mutation(
+        name="no loan modelled after generation ends (the trainer's drain on its own cores)",
+        file="src/periodic_rl/rollout/hardware_split.py",
+        old="    after = rates.training_on(every, te, every) if model.lend_idle_cores else None\n",
+        new="    after = None\n",
+        tests=(
+            f"{PLAN_TESTS}::test_few_micro_batches_keep_turn_taking_that_full_overlap_would_leave",
+        ),
+    ),
+    Mutation(
+        name="the micro-batches of an iteration are not counted (one assumed)",
+        file="src/periodic_rl/rollout/timing.py",
+        old=(
+            '        "micro_batches": float(sum(1 for s in trainer if s.name == '
+            "MICRO_BATCH_NAME)),\n"
+        ),
+        new='        "micro_batches": 1.0,\n',
+        tests=("tests/rollout/test_timing.py::test_summary_of_an_overlapped_iteration",),
+    ),
+    Mutation(
+        name="a worker_cores: auto run models no loan although its trainer borrows cores",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="hit.model if hit else SplitModel(), lend_idle_cores=options.lend_idle_cores\n",
+        new="hit.model if hit else SplitModel(), lend_idle_cores=False\n",
+        tests=(AUTO_TEST,),
+    ),
+    Mutation(
+        name="a fixed split's advice models no loan although its trainer borrows cores",
+        file="src/periodic_rl/rollout/split_advisor.py",
+        old="    model = replace(model or SplitModel(), lend_idle_cores=options.lend_idle_cores)\n",
+        new="    model = model or SplitModel()\n",
+        tests=(AUTO_TEST,),
+    ),
+]
