@@ -9,6 +9,10 @@ AUTO_TEST = (
     "tests/strategies/test_auto_split.py::"
     "test_auto_split_switches_twice_and_trains_as_a_fixed_split"
 )
+DEFER_TEST = (
+    "tests/strategies/test_auto_split.py::"
+    "test_a_guess_the_run_cannot_repay_is_not_tried_nor_remembered"
+)
 
 ROWS: list[Mutation] = [
     Mutation(
@@ -67,5 +71,29 @@ ROWS: list[Mutation] = [
         old="    model = replace(model or SplitModel(), lend_idle_cores=options.lend_idle_cores)\n",
         new="    model = model or SplitModel()\n",
         tests=(AUTO_TEST,),
+    ),
+    Mutation(
+        name="auto guesses on assumed efficiencies however few iterations are left",
+        file="src/periodic_rl/rollout/split_advisor.py",
+        old="            apply = None if deferred else apply\n",
+        new="            deferred = None\n",
+        tests=(
+            "tests/rollout/test_split_advisor.py::"
+            "test_auto_guesses_only_where_the_run_can_repay_a_wrong_guess",
+        ),
+    ),
+    Mutation(
+        name="a run too short to explore remembers its untried choice in the split cache",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="if step.final and not step.deferred and self.split_cache is not None:",
+        new="if step.final and self.split_cache is not None:",
+        tests=(DEFER_TEST,),
+    ),
+    Mutation(
+        name="the strategy tells the advisor no bound on the run's iterations",
+        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        old="iterations_left(self.lightning_module.trainer)",
+        new="None",
+        tests=(DEFER_TEST,),
     ),
 ]

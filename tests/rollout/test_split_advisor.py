@@ -11,6 +11,7 @@ from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.split_advisor import (
     SplitAdvisor,
     auto_start,
+    iterations_left,
     log_only_advisor,
     starting_split,
 )
@@ -113,6 +114,47 @@ def test_auto_moves_to_overlap_where_predicted_faster_then_keeps_the_fitted_choi
     else:
         assert final.apply.same_split(start) and final.apply.predicted_s == 8.5
     assert advisor.step(recorder) is None
+
+
+@pytest.mark.parametrize(("left", "moves"), [(1, False), (2, True), (None, True)])
+def test_auto_guesses_only_where_the_run_can_repay_a_wrong_guess(left, moves):
+    """The balanced workload above: overlap hopes to gain 1.25 s per iteration (8.5 against
+    7.25 s). If both sides scaled linearly it would cost 1 s per iteration instead (8 + 8 / 8
+    + 0.5 = 9.5 s), for the warm-up after the move and the window measured there (2). With one
+    iteration left (1.25 < 2 s) the run keeps taking turns, says why, and remembers nothing;
+    with two (2.5 s) or no bound it tries."""
+    recorder = SpanRecorder()
+    start = starting_split((0, 1), 1, False)
+    advisor = SplitAdvisor(start, (0, 1), 1, window=1, auto=True)
+    record(recorder, 0, 9.0, 9.0, False)
+    record(recorder, 1, 4.0, 4.0, False)
+    step = advisor.step(recorder, iterations_left=left)
+    assert step.plan.chosen.overlap  # the advice is the same either way
+    if moves:
+        assert step.apply is not None and not step.final and step.deferred is None
+        assert step.metrics()["split/deferred"] == 0.0
+    else:
+        assert step.apply is None and step.final and advisor.current is start
+        assert step.deferred.startswith("not explored: 1 iteration(s) left")
+        assert "at most 1.25 s" in step.reason and "up to 2 s" in step.reason
+        assert step.metrics()["split/deferred"] == 1.0 and step.metrics()["split/applied"] == 0.0
+        record(recorder, 2, 4.0, 4.0, False)
+        assert advisor.step(recorder, iterations_left=0) is None
+
+
+def test_iterations_left_from_the_trainers_limits():
+    def trainer(max_steps=-1, global_step=0, batches=float("inf"), epochs=-1, done=0):
+        loop = SimpleNamespace(total_batch_idx=done)
+        return SimpleNamespace(
+            max_steps=max_steps, global_step=global_step, num_training_batches=batches,
+            max_epochs=epochs, fit_loop=loop,
+        )  # fmt: skip
+
+    assert iterations_left(trainer()) is None  # unbounded
+    assert iterations_left(trainer(max_steps=3, global_step=2)) == 1
+    assert iterations_left(trainer(batches=10, epochs=2, done=15)) == 5
+    assert iterations_left(trainer(max_steps=8, global_step=1, batches=10, epochs=2)) == 7
+    assert iterations_left(trainer(max_steps=3, global_step=5)) == 0
 
 
 def test_auto_needs_a_core_for_each_side():

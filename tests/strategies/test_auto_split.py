@@ -120,6 +120,31 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     assert advised[2].split_advisor.model == strategy.split_advisor.model
 
 
+@needs_two_cores
+def test_a_guess_the_run_cannot_repay_is_not_tried_nor_remembered(
+    tiny_llama_path, local_ray, monkeypatch, split_cache_file
+):
+    """With the efficiencies assumed and overlap predicted faster, a 4-step run is asked at
+    its first window (iteration 2 of 0-3) with 2 iterations left; judged too short, it keeps
+    taking turns, logs why, and writes nothing to the cache (a longer run may still try)."""
+    favours_overlap = SplitModel(0.0, 0.0, min_gain=0.0)  # assumed, not measured
+    asked = []
+
+    def too_short(plan, current, rates, cores, workers, model, left, window):
+        asked.append((plan.chosen.overlap, left, window))
+        return "not explored: the test says so"
+
+    monkeypatch.setattr(split_advisor, "fit_model", lambda windows, base: favours_overlap)
+    monkeypatch.setattr(split_advisor, "too_short_to_explore", too_short)
+    run = train(tiny_llama_path, steps=4, strategy=_strategy(worker_cores="auto"))
+    assert asked == [(True, 2, 1)]
+    (step,) = run[2].split_advisor.steps
+    assert step.final and step.apply is None and step.deferred
+    assert (run[2].rollouts.options.overlap, run[2].trainer_cores) == (False, CORES)
+    assert run[1].trainer.callback_metrics["split/deferred"] == 1.0
+    assert not split_cache_file.exists()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -12,7 +12,9 @@ switch to before the next iteration:
    measurements never predict a gain is exactly as fast as one with overlap off;
 2. after the first window the plan (with the efficiencies assumed,
    :data:`~periodic_rl.rollout.hardware_split.DEFAULT_EFFICIENCY`, or those a cached run
-   measured) is applied only if it is predicted faster by ``min_gain``; then the second window,
+   measured) is applied only if it is predicted faster by ``min_gain`` and, on assumed
+   efficiencies, only if the run is long enough to repay a wrong guess
+   (:func:`too_short_to_explore`); then the second window,
    on the new split, fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`:
    one window on each core count measures how each side scales), and the final plan is applied
    if it differs from the split running (back to turn-taking when the guess was wrong).
@@ -87,6 +89,55 @@ def auto_start(
     return starting_split(sorted(os.sched_getaffinity(0)), num_workers, overlap=False)
 
 
+def iterations_left(trainer: Any) -> int | None:
+    """The iterations a Lightning ``trainer`` has left, this one included (at a batch's start),
+    as far as its limits tell: ``max_steps`` counts optimizer steps (at least one per
+    iteration), ``max_epochs`` times the batches of an epoch; ``None`` when neither bounds it."""
+    bounds = []
+    if (trainer.max_steps or -1) > 0:
+        bounds.append(trainer.max_steps - trainer.global_step)
+    batches, epochs = trainer.num_training_batches, trainer.max_epochs
+    if (epochs or -1) > 0 and isinstance(batches, int):
+        bounds.append(epochs * batches - trainer.fit_loop.total_batch_idx)
+    return max(0, min(bounds)) if bounds else None
+
+
+def too_short_to_explore(
+    plan: SplitPlan,
+    current: Candidate,
+    rates: MeasuredRates,
+    cores: Sequence[int],
+    num_workers: int,
+    model: SplitModel,
+    iterations_left: int | None,
+    window: int,
+) -> str | None:
+    """Why moving to ``plan.chosen`` on a guess does not pay in this run, or ``None``.
+
+    The guess hopes to gain ``gain`` s per iteration (the plan against the current split) in
+    each of the ``iterations_left`` (this one included; ``None``: unbounded). If the sides in
+    truth scale linearly (efficiency 1, where spreading each side over every core in turn is
+    never beaten), each of the ``1 + window`` iterations spent on the guess (its warm-up and
+    the window measured there) loses ``loss`` s instead. A move is worth trying only when
+    ``iterations_left * gain >= (1 + window) * loss``: a short run keeps the split it measured.
+    """
+    if iterations_left is None:
+        return None
+    linear = replace(model, generation_efficiency=1.0, training_efficiency=1.0)
+    worst = choose_split(rates, cores, num_workers, linear)
+    worst_s = next(c.predicted_s for c in worst.candidates if c.same_split(plan.chosen))
+    kept_s = next(c.predicted_s for c in plan.candidates if c.same_split(current))
+    gain, loss = kept_s - plan.chosen.predicted_s, max(0.0, worst_s - kept_s)
+    cost = 1 + window
+    if iterations_left * gain >= cost * loss:
+        return None
+    return (
+        f"not explored: {iterations_left} iteration(s) left would gain at most "
+        f"{iterations_left * gain:.3g} s, a wrong guess would cost up to {cost * loss:.3g} s "
+        f"({cost} iterations on it if both sides scale linearly)"
+    )
+
+
 def log_only_advisor(
     options: Any,
     trainer_cores: list[int] | None,
@@ -126,7 +177,8 @@ class SplitStep:
     """What one measured window says: its rates, the plan (CPU) or GPU advice, and the split
     to apply before the next iteration (``None``: keep the current one); ``model``: the knobs
     the plan was made with (fitted to the windows so far); ``cached``: the split running came
-    from the cache (measured, not explored)."""
+    from the cache (measured, not explored); ``deferred``: why ``auto`` did not try the plan
+    in this run (too few iterations left to repay a wrong guess: nothing is remembered)."""
 
     rates: MeasuredRates
     plan: SplitPlan | None
@@ -136,11 +188,14 @@ class SplitStep:
     model: SplitModel | None = None
     cached: bool = False
     assumed: bool = False
+    deferred: str | None = None
 
     @property
     def reason(self) -> str:
         advice = self.plan.reason if self.plan is not None else None
         advice = advice or (self.gpus.reason if self.gpus is not None else "no advice")
+        if self.deferred:
+            advice += f"; {self.deferred}"
         if self.assumed:
             advice += (
                 f" (parallel efficiency {DEFAULT_EFFICIENCY} per side assumed, not measured: "
@@ -166,6 +221,7 @@ class SplitStep:
                 f"{prefix}predicted_s": chosen.predicted_s,
                 f"{prefix}applied": float(self.apply is not None),
                 f"{prefix}cached": float(self.cached),
+                f"{prefix}deferred": float(self.deferred is not None),
             }
         if self.gpus is not None:
             out |= {
@@ -218,8 +274,9 @@ class SplitAdvisor:
         self.done = False
         self._phase_start = 0  # position (in the recorder's iterations) of the warm-up
 
-    def step(self, recorder: SpanRecorder) -> SplitStep | None:
-        """At an iteration's start: a :class:`SplitStep` when a window has just completed."""
+    def step(self, recorder: SpanRecorder, iterations_left: int | None = None) -> SplitStep | None:
+        """At an iteration's start: a :class:`SplitStep` when a window has just completed.
+        ``iterations_left``: the run's iterations from this one on (``None``: unbounded)."""
         if self.done:
             return None
         finished = recorder.iterations()
@@ -233,11 +290,13 @@ class SplitAdvisor:
         train_units = self.gpus[0] if self.gpus else len(self.current.trainer_cores)
         rates = rates_from_summaries(summaries, gen_units, train_units, self.current.overlap)
         self.windows.append(rates)
-        step = self._advise(rates, len(finished))
+        step = self._advise(rates, len(finished), iterations_left)
         self.steps.append(step)
         return step
 
-    def _advise(self, rates: MeasuredRates, position: int) -> SplitStep:
+    def _advise(
+        self, rates: MeasuredRates, position: int, iterations_left: int | None
+    ) -> SplitStep:
         if self.cores is None:
             self.done = True
             gpus = None
@@ -253,7 +312,16 @@ class SplitAdvisor:
         # The first window: the plan moves only when predicted faster by min_gain (choose_split
         # keeps the current split otherwise); the second: the fitted model's plan is final.
         apply = None if plan.chosen.same_split(self.current) else plan.chosen
+        deferred = None
+        if apply is not None and assumed:
+            deferred = too_short_to_explore(
+                plan, self.current, rates, self.cores, self.num_workers, model,
+                iterations_left, self.window,
+            )  # fmt: skip
+            apply = None if deferred else apply
         self.done = apply is None or len(self.windows) > 1
         if apply is not None:
             self.current, self._phase_start = apply, position
-        return SplitStep(rates, plan, None, apply, self.done, model, assumed=assumed)
+        return SplitStep(
+            rates, plan, None, apply, self.done, model, assumed=assumed, deferred=deferred
+        )

@@ -38,7 +38,12 @@ from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.processes import repin_threads
 from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
-from periodic_rl.rollout.split_advisor import SplitAdvisor, auto_start, log_only_advisor
+from periodic_rl.rollout.split_advisor import (
+    SplitAdvisor,
+    auto_start,
+    iterations_left,
+    log_only_advisor,
+)
 from periodic_rl.rollout.split_cache import SplitCache, workload_of
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
@@ -228,7 +233,12 @@ class RolloutsMixin:
         """Between iterations: once a window of iterations is measured, log the rates and the
         split that would balance them (and, with ``worker_cores: auto``, apply it)."""
         super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
-        step = self.split_advisor.step(self.spans) if self.split_advisor else None
+        advisor = self.split_advisor
+        step = (
+            advisor.step(self.spans, iterations_left(self.lightning_module.trainer))
+            if advisor
+            else None
+        )
         if step is None:
             return
         # To the loggers once per window (self.log from this hook was re-logged at every step).
@@ -244,7 +254,7 @@ class RolloutsMixin:
             self.trainer_cores = list(step.apply.trainer_cores)
             self.rollouts.options.overlap = step.apply.overlap  # read at each iteration's start
             self.rollouts.set_worker_cores([list(cores) for cores in step.apply.worker_cores])
-        if step.final and self.split_cache is not None:  # worker_cores: auto
+        if step.final and not step.deferred and self.split_cache is not None:  # auto
             if self.split_cache.hit is None:
                 self.split_cache.remember(step, self.split_advisor.windows)
             else:
