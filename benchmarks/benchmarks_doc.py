@@ -154,12 +154,18 @@ def reward_words(by: dict[str, dict[str, Any]], cfg: str) -> str:
 
 
 def split_choice(run: dict[str, Any]) -> str:
-    """What ``worker_cores: auto`` settled on in one run (its last ``split/*`` metrics)."""
+    """What ``worker_cores: auto`` settled on in one run (its last ``split/*`` metrics; with
+    ``split/deferred`` the advice was not applied and the run kept its starting split)."""
     s, seed = run.get("split") or {}, run.get("seed", 0)
     if "split/overlap" not in s:
         return f"seed {seed}: no split recorded"
     how = "overlapped" if s["split/overlap"] >= 0.5 else "taking turns"
     t, w = s.get("split/trainer_cores", 0), s.get("split/worker_cores", 0)
+    if s.get("split/deferred", 0) >= 0.5:  # the advice was not applied: the start kept
+        return (
+            f"seed {seed}: taking turns, as it started (advised: {how}, trainer {t:.0f}, "
+            f"worker {w:.0f} cores; not tried, too few iterations left)"
+        )
     source = ", from the cache" if s.get("split/cached", 0) >= 0.5 else ", measured"
     return f"seed {seed}: {how} (trainer {t:.0f}, worker {w:.0f} cores{source})"
 

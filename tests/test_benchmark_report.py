@@ -43,3 +43,15 @@ def test_the_verdict_follows_the_paired_steps(other, verdict):
 def test_steps_pair_by_repeat_and_index_only():
     other = row([5.0, 20.0], [10.0])  # repeat 1 has one step; repeat 2 none
     assert paired_ratios(SYNC, other) == [2.0, 10.4 / 20.0, 10.2 / 10.0]
+
+
+def test_where_auto_ended_reads_the_split_that_ran():
+    """A deferred plan was advice only: the run is reported taking turns, as it started."""
+    from benchmarks_doc import split_choice
+
+    moved = {"split/overlap": 1.0, "split/trainer_cores": 1.0, "split/worker_cores": 1.0}
+    assert split_choice({"seed": 0, "split": moved}).startswith("seed 0: overlapped (trainer 1")
+    deferred = moved | {"split/deferred": 1.0}
+    text = split_choice({"seed": 1, "split": deferred})
+    assert text.startswith("seed 1: taking turns, as it started (advised: overlapped")
+    assert split_choice({"seed": 2}) == "seed 2: no split recorded"
