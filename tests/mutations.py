@@ -2,7 +2,7 @@
 
 ``make mutations`` (or ``.venv/bin/python tests/mutations.py [NAME ...]``) runs, for each row of
 :data:`MUTATIONS`: copy the repository's tracked ``src/``, ``tests/``, ``examples/``,
-``pyproject.toml`` and ``benchmarks/soak_run.py`` (which ``tests/test_soak.py`` imports) to a
+``pyproject.toml`` and the benchmark modules the tests import (:data:`COPIED`) to a
 temporary directory, apply one exact text replacement to one file (the
 original text must occur exactly once, so a refactor cannot silently disable a mutation), and
 run only the tests that should catch it, with ``PYTHONPATH`` pointing at the copy's ``src`` (the
@@ -41,6 +41,8 @@ COPIED = [
     "benchmarks/common.py",
     "benchmarks/vs_trl_report.py",  # the benchmark's verdicts, and what they import
     "benchmarks/vs_trl_runs.py",
+    "benchmarks/benchmarks_doc.py",  # the page's reading of the runs, and its text
+    "benchmarks/benchmarks_doc_text.py",
 ]
 TIMEOUT_S = 1200
 
