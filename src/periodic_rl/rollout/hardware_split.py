@@ -211,16 +211,12 @@ def fit_model(windows: Sequence[MeasuredRates], base: SplitModel | None = None) 
         busy = turns.generation.busy_s + turns.training.busy_s
         changes["serial_s"] = max(0.0, turns.wall_s - busy)
     if overlapped is not None and turns is not None:
-        alone = {
-            "generation": overlapped.generation,
-            "training": _training_alone(overlapped, turns),
-        }
-        for side in ("generation", "training"):
-            e = (
-                None
-                if alone[side] is None
-                else efficiency_between(alone[side], getattr(turns, side))
-            )
+        alone = (
+            ("generation", overlapped.generation, turns.generation),
+            ("training", _training_alone(overlapped, turns), turns.training),
+        )
+        for side, measured, on_all in alone:
+            e = efficiency_between(measured, on_all) if measured is not None else None
             if e is not None:
                 changes[f"{side}_efficiency"] = e
                 changes["efficiencies_measured"] = True
@@ -411,12 +407,13 @@ def rates_from_summaries(
     if not summaries:
         raise ValueError("no iteration summaries to measure rates from")
 
-    def mean(key: str, missing: float | None = None) -> float | None:
-        if not all(key in s for s in summaries):
-            return missing
+    def mean(key: str) -> float:
         return sum(float(s[key]) for s in summaries) / len(summaries)
 
-    micro_batches = mean("micro_batches")
+    def mean_if_counted(key: str) -> float | None:  # keys older summaries lack
+        return mean(key) if all(key in s for s in summaries) else None
+
+    micro_batches = mean_if_counted("micro_batches")
     return MeasuredRates(
         SideTime(mean("generation_time"), generation_units),
         SideTime(mean("training_time"), training_units),
@@ -425,5 +422,5 @@ def rates_from_summaries(
         overlap=overlap,
         iterations=len(summaries),
         micro_batches=micro_batches if micro_batches is not None and micro_batches >= 1 else None,
-        lent_s=mean("training_lent_time", 0.0),
+        lent_s=mean_if_counted("training_lent_time") or 0.0,
     )
