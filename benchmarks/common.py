@@ -318,6 +318,52 @@ class TreeMemory:
         }
 
 
+def reap_session(sid: int, wait_s: float = 30.0) -> tuple[int, float]:
+    """Wait for the processes a finished run left in its session ``sid`` (engine or Ray helpers
+    still exiting after the run's process returned) to exit, killing them after ``wait_s``
+    seconds, so that the next run starts on a machine with nothing of this one still running.
+    Returns how many were left when the run's process exited and the seconds until all were
+    gone."""
+    import psutil
+
+    def left() -> list[Any]:
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return found
+
+    began = time.monotonic()
+    first = left()
+    remaining = first
+    while remaining and time.monotonic() - began < wait_s:
+        time.sleep(0.5)
+        remaining = left()
+    for proc in remaining:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(remaining, timeout=10)
+    return len(first), round(time.monotonic() - began, 1)
+
+
+def settle(max_busy_percent: float = 20.0, quiet_s: int = 3, max_wait_s: float = 30.0) -> float:
+    """Wait until the whole machine's CPU use stays at most ``max_busy_percent`` for ``quiet_s``
+    one-second samples in a row (at most ``max_wait_s``): a run that follows another starts on
+    an idle machine rather than on the tail of the previous run's work (the load average lags
+    by a minute, too slow to tell). Returns the seconds waited."""
+    import psutil
+
+    began, quiet = time.monotonic(), 0
+    while quiet < quiet_s and time.monotonic() - began < max_wait_s:
+        quiet = quiet + 1 if psutil.cpu_percent(interval=1.0) <= max_busy_percent else 0
+    return round(time.monotonic() - began, 1)
+
+
 def run_child(
     script: str | Path,
     config: dict[str, Any],
@@ -333,8 +379,9 @@ def run_child(
     group. When ``FILE`` no longer holds JSON with a ``"config"`` key the result is
     ``{**config, "ok": False, "error": ...}`` with the tail of the log; a child that never
     rewrote ``FILE`` leaves ``config`` itself as the result. Either way the result gets the
-    memory peaks, the process time, the exit code, the log tail and the load averages at the
-    start and the end."""
+    memory peaks, the process time, the exit code, the log tail, the load averages at the start
+    and the end, the seconds it waited to settle and the processes it left."""
+    settle_s = settle()
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         path = Path(tmp) / "run.json"
         path.write_text(json.dumps(config))
@@ -354,8 +401,9 @@ def run_child(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 rc = proc.wait()
-        mem = memory.stop()
         process_s = time.time() - began
+        leftovers, reaped_s = reap_session(proc.pid)
+        mem = memory.stop()
         text = log.read_text(errors="replace")
         try:
             result = json.loads(path.read_text())
@@ -365,6 +413,9 @@ def run_child(
             result = {**config, "ok": False, "error": f"exit code {rc}; log tail:\n{text[-3000:]}"}
     result.update(mem)
     result["process_s"] = process_s
+    result["settle_s"] = settle_s
+    result["leftover_processes"] = leftovers
+    result["reaped_s"] = reaped_s
     result["exit_code"] = rc
     result["log_tail"] = text[-1500:]
     result["started_at"] = began

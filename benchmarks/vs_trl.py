@@ -1,7 +1,8 @@
 """periodic_rl side by side with TRL 1.16 ``GRPOTrainer``: same model, prompts and settings.
 
 Configurations (each run in its own fresh interpreter, so start-up and peak memory are per
-configuration; runs are interleaved a, b, c, d, a, b, c, d, ... over ``--repeats``):
+configuration; runs are interleaved over ``--repeats``, each repeat starting one configuration
+later: a, b, c, d, then b, c, d, a, ...; each run waits for the machine to settle first):
 
     a      TRL ``GRPOTrainer``, its default generation (transformers ``generate``), CPU
     b      TRL with vLLM (``use_vllm=True, vllm_mode="colocate"``), tried once
@@ -352,7 +353,10 @@ def interleaved(
 ) -> list[dict[str, Any]]:
     runs = []
     for repeat in range(args.repeats):
-        for cfg in configs:
+        # each repeat starts one configuration later, so that every configuration runs in every
+        # place (first, after TRL, after periodic_rl) rather than always after the same one
+        shift = repeat % len(configs)
+        for cfg in configs[shift:] + configs[:shift]:
             if cfg == "b" and repeat >= args.trl_vllm_repeats:
                 continue
             print(
