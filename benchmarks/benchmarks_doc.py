@@ -218,6 +218,8 @@ def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str,
         order.setdefault(r["repeat"], []).append(r["config"])
     mantissa, exponent = f"{s['learning_rate']:.0e}".split("e")
     loads = [r["load_at_start"][0] for r in data["runs"] if r.get("load_at_start")]
+    settles = [r["settle_s"] for r in data["runs"] if "settle_s" in r]
+    left = [r["leftover_processes"] for r in data["runs"] if "leftover_processes" in r]
     table = [
         [c, lab, WHAT.get(c, "").format(trl=m["versions"].get("trl"))]
         for c, lab in data["configs"].items()
@@ -248,6 +250,10 @@ def numbers(data: dict[str, Any], tabs: dict[str, Any], path: Path) -> dict[str,
         "max_load": data["load_before"]["max_load"],
         "load_after": data["load_after"][0],
         "loads": span(loads, ".2f") if loads else None,
+        "settle": span(settles, ".0f") if settles else None,
+        "leftovers": f"{sum(left)} process{'' if sum(left) == 1 else 'es'} left in all"
+        if left
+        else None,
         "table": tabs["table_markdown"],
         "reward_table": tabs["reward_table_markdown"],
         "breakdown": tabs["breakdown_markdown"],

@@ -196,6 +196,10 @@ CAVEATS = """\
   cores, so splitting can lose. The result says nothing about one GPU per side, or many cores.
 - **A shared machine.** Nothing enforces quiet beyond the start-up load check (`--max-load`);
   interleaving and medians blunt interference.
+- **Each run on a settled machine.** Before each run the harness waited until the CPU stayed at
+  most 20% busy for 3 s (here {settle} s), and after it, for what the run left running in its
+  session to exit ({leftovers}); each repeat starts one configuration later, so that no
+  configuration always follows the same one.
 - **Short runs.** {measured_steps} measured steps per run, {repeats_n}{scan_repeats}.
 - **{seeds_n}.** The reward comparison shows whether both learn at a similar rate, no more.
 - **Small workload.** At {P} x {G} completions of at most {R} tokens, fixed costs dominate:

@@ -348,15 +348,20 @@ def run_scan(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
     }
 
 
+def run_order(configs: list[str], repeat: int) -> list[str]:
+    """The configurations in the order repeat ``repeat`` runs them: each repeat starts one
+    configuration later, so that every configuration runs in every place (first, after TRL,
+    after periodic_rl) rather than always after the same one."""
+    shift = repeat % len(configs)
+    return configs[shift:] + configs[:shift]
+
+
 def interleaved(
     args: argparse.Namespace, configs: list[str], settings: dict[str, Any], model_path: str
 ) -> list[dict[str, Any]]:
     runs = []
     for repeat in range(args.repeats):
-        # each repeat starts one configuration later, so that every configuration runs in every
-        # place (first, after TRL, after periodic_rl) rather than always after the same one
-        shift = repeat % len(configs)
-        for cfg in configs[shift:] + configs[:shift]:
+        for cfg in run_order(configs, repeat):
             if cfg == "b" and repeat >= args.trl_vllm_repeats:
                 continue
             print(

@@ -41,6 +41,7 @@ COPIED = [
     "benchmarks/common.py",
     "benchmarks/vs_trl_report.py",  # the benchmark's verdicts, and what they import
     "benchmarks/vs_trl_runs.py",
+    "benchmarks/vs_trl.py",  # the order of the runs
     "benchmarks/benchmarks_doc.py",  # the page's reading of the runs, and its text
     "benchmarks/benchmarks_doc_text.py",
 ]

@@ -267,6 +267,26 @@ ROWS: list[Mutation] = [
         tests=("tests/test_benchmark_report.py::test_the_verdict_follows_the_paired_steps",),
     ),
     Mutation(
+        name="the benchmark runs its configurations in the same order in every repeat",
+        file="benchmarks/vs_trl.py",
+        old="    shift = repeat % len(configs)\n",
+        new="    shift = 0\n",
+        tests=(
+            "tests/test_benchmark_harness.py::"
+            "test_each_configuration_runs_in_every_place_of_the_order",
+        ),
+    ),
+    Mutation(
+        name="the benchmark leaves a finished run's helpers running into the next run",
+        file="benchmarks/common.py",
+        old="    for proc in remaining:\n        try:\n            proc.kill()\n",
+        new="    for proc in remaining:\n        try:\n            pass\n",
+        tests=(
+            "tests/test_benchmark_harness.py::"
+            "test_what_a_finished_run_left_in_its_session_is_reaped",
+        ),
+    ),
+    Mutation(
         name="a removal queued between two saves of one state stops the snapshot sharing",
         file="src/periodic_rl/checkpoint.py",
         old="        pending = next((snap for _, snap in reversed(self._pending) "
