@@ -39,7 +39,7 @@ from benchmarks_doc_text import (  # noqa: E402 - the benchmarks folder is not a
     WHAT,
     WHERE,
 )
-from common import REPO, markdown_table  # noqa: E402 - the benchmarks folder is not a package
+from common import REPO, markdown_table  # noqa: E402
 from vs_trl_report import (  # noqa: E402 - the benchmarks folder is not a package
     breakdown_table,
     main_tables,
@@ -114,7 +114,13 @@ def provenance(data: dict[str, Any], main: dict[str, Any] | None = None) -> dict
 
 
 #: What a vs_trl number depends on: the library and the benchmark's own code.
-MEASURED_CODE = ("src", "benchmarks/vs_trl.py", "benchmarks/vs_trl_runs.py", "benchmarks/common.py")
+MEASURED_CODE = (
+    "src",
+    "benchmarks/vs_trl.py",
+    "benchmarks/vs_trl_runs.py",
+    "benchmarks/common.py",
+    "benchmarks/child_runs.py",
+)
 
 
 def same_measured_code(commit: str, other: str) -> bool:

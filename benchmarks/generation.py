@@ -37,15 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
-    git_state,
-    machine_info,
-    markdown_table,
-    now_iso,
-    run_child,
-    wait_for_quiet,
-    write_json,
-)
+from child_runs import run_child, wait_for_quiet  # noqa: E402
+from common import git_state, machine_info, markdown_table, now_iso, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 ENGINE_MODES = ["vllm_n8", "vllm_seeded", "engine_1call", "engine_2calls", "engine_4calls"]

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_runs import wait_for_quiet  # noqa: E402
 from common import (  # noqa: E402 - the benchmarks folder is not a package
     RESULTS_DIR,
     bare_trainer,
@@ -52,7 +53,6 @@ from common import (  # noqa: E402 - the benchmarks folder is not a package
     machine_info,
     markdown_table,
     now_iso,
-    wait_for_quiet,
     write_json,
 )
 

@@ -39,17 +39,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402 - the benchmarks folder is not a package
-    REPO,
-    RESULTS_DIR,
-    bare_trainer,
-    load_average,
-    machine_info,
-    now_iso,
-    run_child,
-    wait_for_quiet,
-    write_json,
-)
+from child_runs import run_child, wait_for_quiet  # noqa: E402
+from common import REPO, RESULTS_DIR, bare_trainer, load_average, machine_info, now_iso, write_json  # noqa: E402
 from staleness_report import (  # noqa: E402
     draw_rewards,
     draw_timelines,

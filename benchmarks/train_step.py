@@ -30,16 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402 - the benchmarks folder is not a package
-    RESULTS_DIR,
-    load_average,
-    machine_info,
-    markdown_table,
-    now_iso,
-    run_child,
-    wait_for_quiet,
-    write_json,
-)
+from child_runs import run_child, wait_for_quiet  # noqa: E402
+from common import RESULTS_DIR, load_average, machine_info, markdown_table, now_iso, write_json  # noqa: E402
 
 MODES = ("default", "keep")
 

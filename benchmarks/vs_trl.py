@@ -69,16 +69,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402 - the benchmarks folder is not a package
-    RESULTS_DIR,
-    load_average,
-    machine_info,
-    now_iso,
-    package_version,
-    run_child,
-    wait_for_quiet,
-    write_json,
-)
+from child_runs import run_child, wait_for_quiet  # noqa: E402
+from common import RESULTS_DIR, load_average, machine_info, now_iso, package_version, write_json  # noqa: E402
 from vs_trl_report import (  # noqa: E402
     breakdown_table,
     main_tables,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import markdown_table  # noqa: E402 - the benchmarks folder is not a package
+from common import markdown_table  # noqa: E402
 from vs_trl_runs import CONFIGS  # noqa: E402
 
 

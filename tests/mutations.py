@@ -39,6 +39,7 @@ COPIED = [
     "pyproject.toml",
     "benchmarks/soak_run.py",  # the soak test imports it, and its helpers
     "benchmarks/common.py",
+    "benchmarks/child_runs.py",
     "benchmarks/vs_trl_report.py",  # the benchmark's verdicts, and what they import
     "benchmarks/vs_trl_runs.py",
     "benchmarks/vs_trl.py",  # the order of the runs

@@ -1,4 +1,4 @@
-"""The benchmark harness's fairness between runs (``benchmarks/common.py``,
+"""The benchmark harness's fairness between runs (``benchmarks/child_runs.py``,
 ``benchmarks/vs_trl.py``): every configuration runs in every place of the order, and a run's
 leftover processes are gone before the next run starts. Real processes, no mocks."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from common import reap_session, settle  # noqa: E402
+from child_runs import reap_session, settle  # noqa: E402
 from vs_trl import run_order  # noqa: E402
 
 

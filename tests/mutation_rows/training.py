@@ -278,7 +278,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the benchmark leaves a finished run's helpers running into the next run",
-        file="benchmarks/common.py",
+        file="benchmarks/child_runs.py",
         old="    for proc in remaining:\n        try:\n            proc.kill()\n",
         new="    for proc in remaining:\n        try:\n            pass\n",
         tests=(
