@@ -20,7 +20,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a killed worker's lost calls are not sent again",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/ray_generation.py",
         old=(
             "                    pending.appendleft(call.jobs)"
             "  # same jobs, same seeds, another try\n"
@@ -35,7 +35,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a dead worker is replaced only at the next push",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/ray_generation.py",
         old=(
             "                    self.redispatched_calls += 1\n"
             "                    self._restart(slot, call.incarnation, error)\n"
@@ -143,7 +143,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="faults: a hung rollout call is never timed out",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/ray_generation.py",
         old=(
             "                for slot, waited in hung_slots(self._slots, in_flight, "
             "self.call_timeout_s):\n"
@@ -164,7 +164,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="worker restarts counted over the whole run, not in a row",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/ray_generation.py",
         old="                    slot.failures = 0\n",
         new="",
         tests=("tests/rollout/test_faults.py::test_restarts_count_in_a_row_not_over_the_run",),
