@@ -16,42 +16,23 @@ from collections.abc import Iterator
 from typing import Any
 
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.ray_slots import Call, Slot, hung_slots
+from periodic_rl.rollout.ray_slots import Call, SlotOwner, hung_slots
 from periodic_rl.rollout.schedule import plan_calls, take_jobs
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 
 
-class StreamedGeneration:
+class StreamedGeneration(SlotOwner):
     """The generation half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
     the class it is mixed into owns the state it uses, and restarts workers)."""
 
-    _slots: list[Slot]
-    _weights_ok: bool
     _closed: bool
-    version: int | None
-    fingerprint: str | None
     num_workers: int
     groups_per_call: int
     max_calls_in_flight: int
-    call_timeout_s: float | None
     redispatched_calls: int
     spans: SpanRecorder
     poll_s: float
-
-    def _require_started(self) -> None:
-        raise NotImplementedError
-
-    def _settle(self, slot: Slot, expected: str | None) -> str:
-        raise NotImplementedError
-
-    def _restart(
-        self, slot: Slot, incarnation: int, error: BaseException, weights: Any = ...
-    ) -> None:
-        raise NotImplementedError
-
-    def _restart_hung(self, slot: Slot, waited: float, what: str, weights: Any = ...) -> None:
-        raise NotImplementedError
 
     def _start_restart_copy(self) -> None:
         raise NotImplementedError

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from periodic_rl.rollout.ray_broadcast import BroadcastChannel
-from periodic_rl.rollout.ray_slots import PushedWeights, Slot
+from periodic_rl.rollout.ray_slots import PushedWeights, Slot, SlotOwner
 from periodic_rl.weight_sync.broadcast import Backend, BroadcastPlan
 from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.shared_memory import SharedPush, share
@@ -66,17 +66,12 @@ class _RestartCopy:
     put: Future | None = None
 
 
-class WeightPushes:
+class WeightPushes(SlotOwner):
     """The weight-push half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
     the class it is mixed into owns the state it uses)."""
 
-    _slots: list[Slot]
     _pushed: PushedWeights | None
-    _weights_ok: bool
     loads_borrow_trainer_cores: bool
-    version: int | None
-    fingerprint: str | None
-    call_timeout_s: float | None
     timings: dict[str, Any]
     spans: SpanRecorder
     push_transport: str
@@ -88,20 +83,6 @@ class WeightPushes:
     _channel: BroadcastChannel | None = None
     _copier: ThreadPoolExecutor | None = None  # puts shared-memory pushes' restart copies
     _restart_copy: _RestartCopy | None = None
-
-    def _require_started(self) -> None:
-        raise NotImplementedError
-
-    def _settle(self, slot: Slot, expected: str | None) -> str:
-        raise NotImplementedError
-
-    def _restart(
-        self, slot: Slot, incarnation: int, error: BaseException, weights: Any = ...
-    ) -> None:
-        raise NotImplementedError
-
-    def _restart_hung(self, slot: Slot, waited: float, what: str, weights: Any = ...) -> None:
-        raise NotImplementedError
 
     def push_weights(
         self, state_dict: dict[str, torch.Tensor], version: int, keep: list[str] | None = None

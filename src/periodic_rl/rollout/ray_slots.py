@@ -87,3 +87,29 @@ def hung_slots(
         if not done:  # a result not yet taken is progress, not a hang
             hung.append((slot, waited))
     return hung
+
+
+class SlotOwner:
+    """What the halves of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (its weight
+    pushes and its streamed generation, both mixins) need from the class that owns the worker
+    slots: the slots, the pushed weights' state, and starting and restarting workers."""
+
+    _slots: list[Slot]
+    _weights_ok: bool
+    version: int | None
+    fingerprint: str | None
+    call_timeout_s: float | None
+
+    def _require_started(self) -> None:
+        raise NotImplementedError
+
+    def _settle(self, slot: Slot, expected: str | None) -> str:
+        raise NotImplementedError
+
+    def _restart(
+        self, slot: Slot, incarnation: int, error: BaseException, weights: Any = ...
+    ) -> None:
+        raise NotImplementedError
+
+    def _restart_hung(self, slot: Slot, waited: float, what: str, weights: Any = ...) -> None:
+        raise NotImplementedError
