@@ -196,7 +196,13 @@ def dtype_used(data: dict[str, Any]) -> str | None:
         for k, x in (r.get("engine_dtype_rates") or {}).items():
             rates.setdefault(k, []).append(x)
     listed = ", ".join(f"{k} {span(x)} tok/s" for k, x in sorted(rates.items()))
-    return text + (f" (measured decode: {listed})" if rates else "")
+    if not rates:
+        return text
+    # engine_dtype: auto keeps its measurement per machine, model and versions: the rates a
+    # run chose from may come from an earlier run on this machine (one value in every run)
+    kept = all(len(set(x)) == 1 for x in rates.values()) and len(runs) > 1
+    source = "the decode measured once on this machine and kept" if kept else "measured decode"
+    return text + f" ({source}: {listed})"
 
 
 def b_status(data: dict[str, Any]) -> str:
