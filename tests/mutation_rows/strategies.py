@@ -71,14 +71,20 @@ ROWS: list[Mutation] = [
         file="src/periodic_rl/compat/vllm.py",
         old="    refresh_tied_heads(model)\n",
         new="",
-        tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
+        tests=(
+            "tests/rollout/test_vllm_reload.py::"
+            "test_a_pushed_engine_samples_like_a_fresh_one[vllm reload]",
+        ),
     ),
     Mutation(
         name="the tied lm_head keeps its own stale kernel instead of its owner's",
         file="src/periodic_rl/compat/vllm.py",
         old="            module.cpu_linear = kernel\n",
         new="            pass\n",
-        tests=("tests/rollout/test_vllm_reload.py::test_a_pushed_engine_samples_like_a_fresh_one",),
+        tests=(
+            "tests/rollout/test_vllm_reload.py::"
+            "test_a_pushed_engine_samples_like_a_fresh_one[vllm reload]",
+        ),
     ),
     Mutation(
         name="a fast reload leaves the tied head on the old embedding's kernel",

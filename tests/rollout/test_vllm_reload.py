@@ -14,7 +14,12 @@ import torch
 pytestmark = pytest.mark.vllm
 
 
-def test_a_pushed_engine_samples_like_a_fresh_one(vllm_slot, tmp_path):
+@pytest.mark.parametrize("fast_reload", ["1", "0"], ids=["fast reload", "vllm reload"])
+def test_a_pushed_engine_samples_like_a_fresh_one(vllm_slot, tmp_path, monkeypatch, fast_reload):
+    """Both push paths: the fast reload (the default) and vLLM's own in-place reload followed
+    by the tied heads' refresh (``PERIODIC_RL_VLLM_FAST_RELOAD=0``, and where the fast reload
+    does not apply)."""
+    monkeypatch.setenv("PERIODIC_RL_VLLM_FAST_RELOAD", fast_reload)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from repro_vllm_reload import main
 
