@@ -8,11 +8,12 @@ of its token losses (normalised for the whole iteration later, by ``RLModule``).
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from lightning.pytorch import Trainer
 
 from periodic_rl.algorithms.losses import (
     loss_numerator,
@@ -25,12 +26,39 @@ from periodic_rl.data.loader import IndexedPrompts, SparePrompts
 from periodic_rl.iteration import micro_batch_tensors
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling, SpareJobs
 from periodic_rl.rollout.pipeline import RolloutRequest
-from periodic_rl.rollout.types import GroupJob, RolloutGroup
+from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
+from periodic_rl.scoring import Scorer
 from periodic_rl.strategies.protocol import RolloutStrategy
 from periodic_rl.truncation import mask_truncated
 
-if TYPE_CHECKING:
-    from periodic_rl.module import RLModule
+
+class TrainingModule(Protocol):
+    """What the helpers here use of :class:`~periodic_rl.module.RLModule` (declared here, so
+    that this module does not import the one that imports it)."""
+
+    hparams: Any  # Lightning's AttributeDict of the module's arguments
+    policy: torch.nn.Module
+    tokenizer: Any  # a transformers tokenizer
+    scorer: Scorer
+    device: torch.device
+
+    @property
+    def trainer(self) -> Trainer: ...
+
+    @property
+    def sampling(self) -> SamplingConfig: ...
+
+    def encode_prompts(
+        self, rows: list[dict[str, Any]], where: str
+    ) -> tuple[list[list[int]], int]: ...
+
+    def group_seed(self, iteration: int, index: int) -> int: ...
+
+    def reference_policy(self) -> AbstractContextManager[torch.nn.Module]: ...
+
+    def rollout_strategy(self) -> RolloutStrategy: ...
+
+    def manual_backward(self, loss: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +73,7 @@ class FirstPass:
 
 
 def rollout_request(
-    module: RLModule, strategy: RolloutStrategy, iteration: int, rows: list[dict[str, Any]]
+    module: TrainingModule, strategy: RolloutStrategy, iteration: int, rows: list[dict[str, Any]]
 ) -> tuple[RolloutRequest, int]:
     """Iteration ``iteration``'s rollouts for every rank's ``rows`` (a collective), and how many
     of its prompts were cut to ``max_prompt_length``."""
@@ -80,7 +108,7 @@ def rollout_request(
     return request, cut
 
 
-def spare_jobs(module: RLModule, iteration: int, first_index: int) -> SpareJobs:
+def spare_jobs(module: TrainingModule, iteration: int, first_index: int) -> SpareJobs:
     """The spare prompt groups of dynamic sampling, drawn in a seeded order from the train
     loader (the same list for every rank: N ranks train the groups one rank would)."""
     loader = module.trainer.train_dataloader
@@ -100,7 +128,7 @@ def spare_jobs(module: RLModule, iteration: int, first_index: int) -> SpareJobs:
     )
 
 
-def prompts_of_iteration(trainer: Any, iteration: int) -> list[dict[str, Any]]:
+def prompts_of_iteration(trainer: Trainer, iteration: int) -> list[dict[str, Any]]:
     """This rank's rows of a later iteration, from the train loader (bounded staleness)."""
     loader = trainer.train_dataloader
     if not isinstance(loader, IndexedPrompts):
@@ -113,7 +141,7 @@ def prompts_of_iteration(trainer: Any, iteration: int) -> list[dict[str, Any]]:
 
 
 def backward_micro_batch(
-    module: RLModule, groups: list[RolloutGroup], first: FirstPass | None = None
+    module: TrainingModule, groups: list[RolloutGroup], first: FirstPass | None = None
 ) -> tuple[dict[str, float], FirstPass]:
     """Forward and backward one micro-batch; returns its loss sums and what later updates of
     the iteration reuse. ``first`` (``num_iterations > 1``): the first update's log-probs are
@@ -140,7 +168,7 @@ def backward_micro_batch(
         if first is None:
             ref_logps = None
             if h.beta > 0:
-                with torch.no_grad(), module._reference_model() as reference:
+                with torch.no_grad(), module.reference_policy() as reference:
                     ref_logps, _ = completion_logprobs(reference, pairs, **forward)
             strategy = module.rollout_strategy()
             cap = importance_cap(h.get("tis_cap"), strategy.max_staleness)

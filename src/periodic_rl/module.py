@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import closing, nullcontext
+from contextlib import AbstractContextManager, closing
 from typing import Any
 
 import lightning as L
@@ -324,16 +324,7 @@ class RLModule(L.LightningModule):
         ]
         stats = IterationStats(started=time.perf_counter(), policy_version=strategy.policy_version)
         stats.prompts_truncated = cut if self.hparams.max_prompt_length is not None else None
-        micro_batches = strategy.rollout_micro_batches(
-            request.jobs,
-            request.owners,
-            request.sampling,
-            request.score,
-            micro_batch_size=self.micro_batch_size,
-            on_all_scored=request.on_all_scored,
-            ahead=ahead,
-            dynamic=request.dynamic,
-        )
+        micro_batches = strategy.rollout_micro_batches(request, self.micro_batch_size, ahead)
         first_pass: list[tuple[list[RolloutGroup], FirstPass]] = []
         with closing(micro_batches):  # on an error, stop the iteration's generation at once
             for groups in micro_batches:
@@ -344,29 +335,25 @@ class RLModule(L.LightningModule):
                 first_pass.append((groups, kept))
         if request.dynamic is not None:
             stats.dynamic_sampling = request.dynamic.report  # dynamic_sampling/* metrics
-        updates = self.hparams.num_iterations
-        self._update(strategy, optimizer, stats, push=updates == 1)
-        for update in range(1, updates):  # mu > 1: the same rollouts again, clipped
+        self._update(optimizer, stats)
+        for _ in range(1, self.hparams.num_iterations):  # mu > 1: the same rollouts, clipped
             for groups, kept in first_pass:
                 stats.add_loss(self._backward_micro_batch(groups, kept)[0])
-            self._update(strategy, optimizer, stats, push=update == updates - 1)
+            self._update(optimizer, stats)
+        strategy.publish(self.trainer.global_step)  # the next iteration's weights
         if self.hparams.get("reward_on_error", "raise") == "zero":  # rewards/*failures
             stats.reward_failures = self.scorer.take_failures()
         stats.finished = time.perf_counter()
         self.last_iteration = stats  # logged by the RLMetrics callback
 
-    def _update(
-        self, strategy: RolloutStrategy, optimizer: Any, stats: IterationStats, push: bool
-    ) -> None:
-        """One optimizer step on the summed gradients of the iteration's micro-batches; the
-        strategy bumps the policy version and, when ``push``, pushes the new weights."""
+    def _update(self, optimizer: Any, stats: IterationStats) -> None:
+        """One optimizer step on the summed gradients of the iteration's micro-batches."""
         tokens = stats.loss_tokens(self.hparams.mask_truncated_completions)
-        self._normalise_gradients(strategy, optimizer, stats.num_sequences, tokens)
+        self._normalise_gradients(self.rollout_strategy(), optimizer, stats.num_sequences, tokens)
         if self.hparams.max_grad_norm is not None:
             optim.clip_gradients(self, optimizer, self.hparams.max_grad_norm)
         self.log("lr", optimizer.param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)
-        with nullcontext() if push else strategy.pushes_deferred():
-            optimizer.step()
+        optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         optim.step_schedulers(self)  # manual optimization: Lightning does not step them
 
@@ -401,7 +388,7 @@ class RLModule(L.LightningModule):
         check_on_policy(groups, strategy.policy_version,
                         strategy.weights_fingerprint_of, strategy.max_staleness)  # fmt: skip
 
-    def _reference_model(self) -> Any:
+    def reference_policy(self) -> AbstractContextManager[torch.nn.Module]:
         return reference_model(self.policy, self.reference, self.hparams.lora is not None)
 
     def rollout_strategy(self) -> RolloutStrategy:
@@ -419,7 +406,7 @@ class RLModule(L.LightningModule):
     # ---- held-out evaluation: Lightning validation (periodic_rl.evaluation) -------------------
     def on_train_start(self) -> None:
         strategy = self.rollout_strategy()
-        strategy.sync_version(self.trainer.global_step)  # resumed runs
+        strategy.sync_version(self.trainer.global_step, self.hparams.num_iterations)  # resumed
         strategy.resume_ahead(self._loaded_ahead)  # and their bounded-staleness schedule
         self._loaded_ahead = {}
         if self.hparams.eval_at_start:

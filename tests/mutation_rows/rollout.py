@@ -7,15 +7,10 @@ from mutation_rows.base import STALENESS_TESTS, STRATEGY_TESTS, Mutation
 
 ROWS: list[Mutation] = [
     Mutation(
-        name="overlap switched off (the producer always joined first)",
+        name="overlap switched off (the trainer always waits for the whole iteration)",
         file="src/periodic_rl/rollout/controller.py",
-        old=(
-            "            if not self.options.overlap:\n"
-            '                with self.spans.span("wait", "trainer"):\n'
-            "                    thread.join()"
-        ),
-        new='            if True:\n                with self.spans.span("wait", "trainer"):\n'
-        "                    thread.join()",
+        old="            if not self.overlap:\n",
+        new="            if True:\n",
         tests=(f"{STRATEGY_TESTS}::test_training_starts_before_the_last_group_is_generated",),
     ),
     Mutation(
@@ -86,8 +81,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="bounded staleness: the schedule lags 2k versions instead of k",
         file="src/periodic_rl/rollout/pipeline.py",
-        old="        return max(self.first, iteration - self.max_staleness)\n",
-        new="        return max(self.first, iteration - 2 * self.max_staleness)\n",
+        old="        return max(self.start, (iteration - self.max_staleness) * self.steps_per_iteration)\n",
+        new="        return max(self.start, (iteration - 2 * self.max_staleness) * self.steps_per_iteration)\n",
         tests=(
             "tests/rollout/test_pipeline.py::test_iterations_run_ahead_on_the_fixed_schedule",
             f"{STALENESS_TESTS}::test_k1_overlapped_equals_synchronous_on_the_fixed_schedule",
@@ -96,7 +91,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="bounded staleness: the checkpoint keeps no older weights",
         file="src/periodic_rl/rollout/controller.py",
-        old="        if self.pipeline is None or self.link.rank != 0:\n            return {}\n",
+        old="        if not pending:\n            return {}\n",
         new="        if True:\n            return {}\n",
         tests=("tests/test_checkpoint.py::test_bounded_staleness_resumes_its_schedule_exactly",),
     ),
@@ -306,7 +301,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="without overlap the iteration is still cut into calls of two groups",
         file="src/periodic_rl/rollout/controller.py",
-        old="        if self.options.groups_per_call is not None or self.options.overlap:\n",
+        old="        if self.options.groups_per_call is not None or self.overlap:\n",
         new="        if True:\n",
         tests=(
             "tests/rollout/test_schedule.py::"
@@ -381,7 +376,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
         file="src/periodic_rl/rollout/controller.py",
-        old="                if stream.closed:  # everything generated: the workers are idle",
+        old="                if pipeline.idle:  # everything generated: the workers are idle",
         new="                if True:",
         tests=(
             "tests/rollout/test_core_loan.py::"
@@ -391,7 +386,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the trainer borrows the worker's cores mid-micro-batch before generation ends",
         file="src/periodic_rl/rollout/controller.py",
-        old="lambda: stream.closed",
+        old="lambda: pipeline.idle",
         new="lambda: True",
         tests=(
             "tests/rollout/test_core_loan.py::"
@@ -431,8 +426,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the workers never borrow the waiting trainer's cores for a weight load",
         file="src/periodic_rl/rollout/controller.py",
-        old="loads_borrow_trainer_cores=bool(lendable_cores(o, self.link.world_size)),",
-        new="loads_borrow_trainer_cores=False,",
+        old="loads_borrow_trainer_cores=bool(self._lendable_cores())\n",
+        new="loads_borrow_trainer_cores=False\n",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",

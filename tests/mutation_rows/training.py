@@ -63,8 +63,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="micro_batch_size read from the parsed hparams (None from the CLI)",
         file="src/periodic_rl/module.py",
-        old="            micro_batch_size=self.micro_batch_size,",
-        new="            micro_batch_size=self.hparams.micro_batch_size,",
+        old="rollout_micro_batches(request, self.micro_batch_size, ahead)",
+        new="rollout_micro_batches(request, self.hparams.micro_batch_size, ahead)",
         tests=("tests/test_cli.py::test_minimal_yaml_trains",),
     ),
     Mutation(
@@ -172,10 +172,10 @@ ROWS: list[Mutation] = [
         ),
     ),
     Mutation(
-        name="num_iterations: every inner step pushes the weights",
+        name="num_iterations: every inner step publishes the weights",
         file="src/periodic_rl/module.py",
-        old="        with nullcontext() if push else strategy.pushes_deferred():\n",
-        new="        with nullcontext():\n",
+        old="        optimizer.step()\n",
+        new="        optimizer.step()\n        self.rollout_strategy().publish(self.trainer.global_step)\n",
         tests=(
             "tests/test_num_iterations.py::test_two_updates_equal_the_written_out_two_epoch_computation",
         ),

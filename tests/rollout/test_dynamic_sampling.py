@@ -29,7 +29,12 @@ from periodic_rl.rollout.dynamic_sampling import (
     zero_std,
 )
 from periodic_rl.rollout.options import RolloutOptions
-from periodic_rl.rollout.pipeline import RolloutRequest, StalenessPipeline
+from periodic_rl.rollout.pipeline import (
+    RolloutPipeline,
+    RolloutRequest,
+    RolloutSchedule,
+    WeightsRecord,
+)
 from periodic_rl.rollout.producer import EndOfIteration, IterationPlan, produce, receive
 from periodic_rl.rollout.ranks import SingleRank
 from periodic_rl.rollout.stream import GroupStream
@@ -295,7 +300,7 @@ def test_the_controller_passes_the_request_through_and_reports():
     trained = [
         g.index
         for batch in controller.micro_batches(
-            originals(4), [0] * 4, SAMPLING, scorer({1, 2}), N, dynamic=dynamic
+            RolloutRequest(0, originals(4), [0] * 4, SAMPLING, scorer({1, 2}), None, dynamic), N
         )
         for g in batch
     ]
@@ -305,7 +310,10 @@ def test_the_controller_passes_the_request_through_and_reports():
 
 def test_the_staleness_pipeline_generates_ahead_with_dynamic_sampling():
     backend = ShuffledBackend(6)
-    pipeline = StalenessPipeline(1, 0, "fp", SingleRank(), backend, lambda w, v: "fp")
+    weights = WeightsRecord(0, 0, "fp")
+    pipeline = RolloutPipeline(
+        RolloutSchedule(1), weights, SingleRank(), backend, lambda w, v: "fp"
+    )
     pipeline.offer(0, "weights-0")
     dynamic = DynamicSampling(spares_after(4), max_spares=8)
     request = RolloutRequest(0, originals(4), [0] * 4, SAMPLING, scorer({1, 2}), None, dynamic)

@@ -219,12 +219,14 @@ def completion_logprobs(
         return (empty, batch.mask, empty.clone()) if return_entropy else (empty, batch.mask)
 
     if not shared_prompt:
-        ensure_exact(model, groups, None, pad_token_id, (device, dtype))
+        ensure_exact(model, groups, None, pad_token_id, (device, dtype), completion_logprobs)
         logits = _forward(model, batch)
     else:
         with refusals_name_the_model(model):
             check_model_supported(model, batch.layout)
-            ensure_exact(model, groups, chosen.name, pad_token_id, (device, dtype))
+            ensure_exact(
+                model, groups, chosen.name, pad_token_id, (device, dtype), completion_logprobs
+            )
             active = is_shared_prompt_active(model)
             checkpointing = needs_checkpoint_session(model)
             if checkpointing and not active:

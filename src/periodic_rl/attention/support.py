@@ -28,7 +28,7 @@ reaches 1e-2 on single tokens, so the mean over the probe tokens must stay under
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -36,6 +36,8 @@ import torch
 
 from periodic_rl.attention.integration import SharedPromptUnsupportedError, unwrap_model
 from periodic_rl.attention.packing import Group
+
+LogprobsFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # completion_logprobs' signature
 
 # model -> {(backend or None for padded, dtype, device type): None (exact) or the refusal}
 _VERDICTS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, str | None]] = (
@@ -98,9 +100,8 @@ def _probe(
     pad_token_id: int,
     device: torch.device,
     dtype: torch.dtype,
+    completion_logprobs: LogprobsFn,
 ) -> str | None:
-    from periodic_rl.attention.logprobs import completion_logprobs
-
     token = _PROBING.set(True)
     try:
         with torch.no_grad(), _eval_mode(model):
@@ -143,13 +144,15 @@ def ensure_exact(
     backend: str | None,
     pad_token_id: int,
     where: tuple[torch.device, torch.dtype],
+    completion_logprobs: LogprobsFn,
 ) -> None:
     """Raise the cached or freshly probed refusal for this model and path; no-op once verified.
 
     ``backend`` is the packed path's backend name, None for the padded path; ``where`` the
-    model's device and (autocast) dtype. Structural refusals raised while probing (by the checks,
-    on the probe) propagate as they are and are not cached: they may depend on the call (a
-    sliding window against its lengths).
+    model's device and (autocast) dtype; ``completion_logprobs`` the path under test
+    (:func:`periodic_rl.attention.logprobs.completion_logprobs`, which calls this). Structural
+    refusals raised while probing (by the checks, on the probe) propagate as they are and are not
+    cached: they may depend on the call (a sliding window against its lengths).
     """
     if _PROBING.get():
         return
@@ -160,7 +163,9 @@ def ensure_exact(
         probe = probe_groups(groups)
         if not probe:
             return
-        verdicts[key] = _probe(model, probe, backend, pad_token_id, device, dtype)
+        verdicts[key] = _probe(
+            model, probe, backend, pad_token_id, device, dtype, completion_logprobs
+        )
     reason = verdicts[key]
     if reason is not None:
         raise SharedPromptUnsupportedError(reason)

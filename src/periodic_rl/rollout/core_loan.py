@@ -144,13 +144,15 @@ def lend_once_ready(loan: CoreLoan, cores: list[int], ready: Callable[[], bool])
         yield
 
 
-def lendable_cores(options: RolloutOptions, world_size: int) -> list[int]:
-    """The workers' cores the trainer may borrow once an iteration is generated
-    (``lend_idle_cores``): only with workers pinned to cores of this machine, one training
-    process, and nothing generated ahead (``max_staleness`` 0); else none."""
+def lendable_cores(
+    options: RolloutOptions, worker_cores: list[list[int]] | None, world_size: int
+) -> list[int]:
+    """The workers' cores (``worker_cores``, where they run now) the trainer may borrow while
+    the workers have nothing to generate (``lend_idle_cores``): only with workers pinned to
+    cores of this machine and one training process; else none."""
     o = options
-    if not (o.lend_idle_cores and o.worker_cores and o.use_ray and o.ray_address is None):
+    if not (o.lend_idle_cores and worker_cores and o.use_ray and o.ray_address is None):
         return []
-    if world_size != 1 or o.max_staleness > 0:
+    if world_size != 1:
         return []
-    return sorted({c for cores in o.worker_cores for c in cores})
+    return sorted({c for cores in worker_cores for c in cores})

@@ -101,12 +101,12 @@ def check_engine_kwargs(kind: str, kwargs: dict[str, Any]) -> None:
 
 def engine_argument_names(kind: str) -> set[str] | None:
     """The keyword arguments the engine ``kind`` takes after ``model``, or None if any."""
-    if kind == "vllm":
-        from periodic_rl.rollout.vllm_engine import VLLMEngine
-
-        vllm = vllm_argument_names()
-        return None if vllm is None else _parameters(VLLMEngine) | vllm
     from periodic_rl.rollout.spec import EngineSpec
+
+    if kind == "vllm":
+        vllm = vllm_argument_names()
+        engine = EngineSpec(kind="vllm", model="-").engine_class()  # imports no vLLM yet
+        return None if vllm is None else _parameters(engine) | vllm
 
     try:
         cls = EngineSpec(kind=kind, model="-").engine_class()

@@ -13,9 +13,10 @@ from typing import Any
 from periodic_rl.rollout.device_defaults import PLACEMENT_STRATEGIES, PUSH_TRANSPORTS
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutOptions:
-    """The rollout arguments of the strategies (see ``PeriodicAsyncStrategy``)."""
+    """The rollout arguments of the strategies (see ``PeriodicAsyncStrategy``); frozen: what a
+    run changes between iterations is held by the controller."""
 
     engine: str = "vllm"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from periodic_rl.rollout.controller import PromptShare
-from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.pipeline import RolloutRequest
-from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 
 
@@ -49,8 +46,8 @@ class RolloutStrategy(Protocol):
         """Continue the bounded-staleness schedule saved by :meth:`ahead_state`."""
         ...
 
-    def pushes_deferred(self) -> AbstractContextManager[None]:
-        """A context whose optimizer steps push no weights (a later step will)."""
+    def publish(self, version: int) -> None:
+        """The policy stepped to ``version``: the weights of the next iteration."""
         ...
 
     @property
@@ -58,7 +55,9 @@ class RolloutStrategy(Protocol):
         """The rollout engine's name (``vllm``, ``hf``, ``module:Class``), for messages."""
         ...
 
-    def sync_version(self, version: int) -> None: ...
+    def sync_version(self, version: int, steps_per_iteration: int = 1) -> None:
+        """At the start of a fit: the version the run continues from (re-pushed on resume)."""
+        ...
 
     def share_prompts(self, rows: list[Any]) -> PromptShare:
         """Every rank's prompts of the iteration in rank order, and who owns each."""
@@ -70,14 +69,9 @@ class RolloutStrategy(Protocol):
 
     def rollout_micro_batches(
         self,
-        jobs: list[GroupJob],
-        owners: list[int],
-        sampling: SamplingConfig,
-        score: ScoreFn,
+        request: RolloutRequest,
         micro_batch_size: int,
-        on_all_scored: AllScoredFn | None = None,
         ahead: Sequence[RolloutRequest] = (),
-        dynamic: DynamicSampling | None = None,
     ) -> Iterator[list[RolloutGroup]]: ...
 
     def divide_gradients(self, optimizer: Any, denominator: float) -> None: ...

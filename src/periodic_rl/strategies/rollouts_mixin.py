@@ -24,7 +24,6 @@ from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
 from periodic_rl.heap import keep_freed_memory
 from periodic_rl.rollout.controller import PromptShare, RolloutController
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
-from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.engine_checks import check_rollout_options
 from periodic_rl.rollout.engine_dtype import (
     DTYPES,
@@ -36,7 +35,6 @@ from periodic_rl.rollout.hardware_split import Candidate, SplitModel
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.processes import repin_threads
-from periodic_rl.rollout.producer import AllScoredFn, ScoreFn
 from periodic_rl.rollout.ranks import rank_link
 from periodic_rl.rollout.split_advisor import (
     SplitAdvisor,
@@ -207,13 +205,12 @@ class RolloutsMixin:
             self._resolve_engine_dtype(trainer)  # before the trainer pins its cores
         self.split_cache: SplitCache | None = None
         if self.split_start is not None:  # start on the split a run of this workload chose
-            options = self.rollouts.options
             self.split_cache = self._open_split_cache()
             hit = self.split_cache.hit
             if hit is not None:
                 self.split_start, self.trainer_cores = hit.split, list(hit.split.trainer_cores)
-                options.overlap = hit.split.overlap
-                options.worker_cores = [list(cores) for cores in hit.split.worker_cores]
+                self.rollouts.overlap = hit.split.overlap
+                self.rollouts.worker_cores = [list(cores) for cores in hit.split.worker_cores]
                 log.info("hardware split: cached from %s: %s", hit.date, hit.describe())
         if self.trainer_cores:
             os.sched_setaffinity(0, set(self.trainer_cores))
@@ -224,7 +221,7 @@ class RolloutsMixin:
         self.rollouts.start(self.lightning_module.model_path, rank_link, self.rollout_settings)
         if pending:  # rank 0's choice on every rank (a collective: all ranks are pending)
             dtype = self.engine_dtype_choice.dtype if self.engine_dtype_choice else None
-            self.rollouts.options.engine_kwargs["dtype"] = self.rollouts.link.broadcast(dtype)
+            self.rollouts.set_engine_dtype(self.rollouts.link.broadcast(dtype))
             self.engine_dtype_pending = False
         self.rollouts.push(self.lightning_module, self.gathered_weights)
         self.split_advisor = self._split_advisor()
@@ -252,7 +249,7 @@ class RolloutsMixin:
             before = set(os.sched_getaffinity(0))
             repin_threads(list(step.apply.trainer_cores), before)
             self.trainer_cores = list(step.apply.trainer_cores)
-            self.rollouts.options.overlap = step.apply.overlap  # read at each iteration's start
+            self.rollouts.overlap = step.apply.overlap  # read at each iteration's start
             self.rollouts.set_worker_cores([list(cores) for cores in step.apply.worker_cores])
         if step.final and not step.deferred and self.split_cache is not None:  # auto
             if self.split_cache.hit is None:
@@ -266,7 +263,7 @@ class RolloutsMixin:
         process's cores as the threads Ray gives it (``cpus_per_worker``); without Ray, the
         trainer's (the engine runs in its process)."""
         options, settings = self.rollouts.options, self.rollout_settings
-        cores = (options.worker_cores or [[]])[0]
+        cores = (self.rollouts.worker_cores or [[]])[0]
         if not options.use_ray:
             cores = self.trainer_cores or self._machine_cores
         if not cores:
@@ -275,7 +272,7 @@ class RolloutsMixin:
         choice = resolve_engine_dtype(
             options.engine, self.lightning_module.model_path, list(cores), on_gpu
         )
-        options.engine_kwargs["dtype"] = choice.dtype
+        self.rollouts.set_engine_dtype(choice.dtype)
         self.engine_dtype_choice = choice
         for logger in trainer.loggers:
             logger.log_metrics(choice.metrics(), step=trainer.global_step)
@@ -332,9 +329,7 @@ class RolloutsMixin:
     ) -> Any:
         self.rollouts.weights_will_change()
         with self.spans.span("optimizer step", "trainer"):
-            output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
-        self.rollouts.stepped(self.lightning_module, self.gathered_weights)
-        return output
+            return super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
 
     # ---- what the training side decides ------------------------------------------------------
     @property
@@ -394,9 +389,11 @@ class RolloutsMixin:
     def resume_ahead(self, state: dict[str, Any]) -> None:
         self.rollouts.resume_ahead(state, self.lightning_module)
 
-    def pushes_deferred(self) -> AbstractContextManager[None]:
-        """Optimizer steps inside count as versions but push nothing (``num_iterations``)."""
-        return self.rollouts.pushes_deferred()
+    def publish(self, version: int) -> None:
+        """The policy stepped to ``version``: the weights of the next iteration (pushed now,
+        or when the schedule needs them: :meth:`~periodic_rl.rollout.controller.
+        RolloutController.publish`)."""
+        self.rollouts.publish(version, self.lightning_module, self.gathered_weights)
 
     @property
     def rollout_engine(self) -> str:
@@ -406,9 +403,12 @@ class RolloutsMixin:
     def push_counts(self) -> dict[str, int]:
         return dict(self.rollouts.pusher.counts)
 
-    def sync_version(self, version: int) -> None:
-        """After a resume, continue the version count at ``version`` and re-push the weights."""
-        self.rollouts.restore_version(version, self.lightning_module, self.gathered_weights)
+    def sync_version(self, version: int, steps_per_iteration: int = 1) -> None:
+        """At the start of a fit: the version (and optimizer steps per iteration) the run
+        continues from; a resumed run re-pushes its weights."""
+        self.rollouts.restore_version(
+            version, self.lightning_module, self.gathered_weights, steps_per_iteration
+        )
 
     def share_prompts(self, rows: list[Any]) -> PromptShare:
         return self.rollouts.share_prompts(rows)
@@ -421,24 +421,10 @@ class RolloutsMixin:
 
     def rollout_micro_batches(
         self,
-        jobs: list[GroupJob],
-        owners: list[int],
-        sampling: SamplingConfig,
-        score: ScoreFn,
+        request: RolloutRequest,
         micro_batch_size: int,
-        on_all_scored: AllScoredFn | None = None,
         ahead: Sequence[RolloutRequest] = (),
-        dynamic: DynamicSampling | None = None,
     ) -> Iterator[list[RolloutGroup]]:
         """This rank's scored groups, in micro-batches (see
         :meth:`~periodic_rl.rollout.controller.RolloutController.micro_batches`)."""
-        return self.rollouts.micro_batches(
-            jobs,
-            owners,
-            sampling,
-            score,
-            micro_batch_size,
-            on_all_scored,
-            ahead=ahead,
-            dynamic=dynamic,
-        )
+        return self.rollouts.micro_batches(request, micro_batch_size, ahead)

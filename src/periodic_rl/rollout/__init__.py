@@ -1,0 +1,1 @@
+"""The rollout side: engines, workers, the pipeline that generates every iteration, pushes."""
