@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/periodic-rl fit --config examples/arithmetic.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -rs --durations=15 tests
 
 # Each promise broken on purpose must fail a test (tests/mutations.py; not part of `make test`).

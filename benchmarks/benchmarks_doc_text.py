@@ -210,7 +210,7 @@ CAVEATS = """\
   defaults, TRL its defaults except for what had to match (constant learning rate, no gradient
   checkpointing, precision `{precision}`, `shuffle_dataset=False`).
 - **The allocator.** periodic_rl's CPU trainer keeps the memory it frees for its next
-  allocations (`periodic_rl.heap.keep_freed_memory`, 1.13x per training step in
+  allocations (`periodic_rl.cpu_tuning.heap.keep_freed_memory`, 1.13x per training step in
   `benchmarks/train_step.py`); TRL's process runs with glibc's defaults, as a TRL user's would.
   With the same setting TRL is faster too: `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647
   python benchmarks/vs_trl.py --configs a --repeats 1 --steps 8 --trl-vllm-repeats 0`, run once

@@ -172,8 +172,8 @@ def engine_side(config: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
     from vllm.inputs import TokensPrompt
 
     from periodic_rl.rollout.engine import generate_groups
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
     from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-    from periodic_rl.rollout.vllm_engine import VLLMEngine
 
     model, prompts = workload(config)
     engine = VLLMEngine(model, dtype=config["dtype"], max_model_len=512, kv_cache_gb=1)
@@ -227,9 +227,9 @@ def ray_side(config: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
 
     others = sorted(set(os.sched_getaffinity(0)) - set(config["cores"]))
     pin_process(others or config["cores"], uses_vllm=False)
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
     from periodic_rl.rollout.spec import EngineSpec
     from periodic_rl.rollout.types import GroupJob, SamplingConfig
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     model, prompts = workload(config)
     spec = EngineSpec(

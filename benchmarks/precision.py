@@ -174,8 +174,8 @@ def resolve_auto(config: dict[str, Any]) -> dict[str, Any]:
     """What ``engine_dtype="auto"`` picks for the demo's worker cores, measured afresh."""
     from dataclasses import asdict
 
+    from periodic_rl.cpu_tuning.engine_dtype import resolve_engine_dtype
     from periodic_rl.models import resolve_model
-    from periodic_rl.rollout.engine_dtype import resolve_engine_dtype
 
     with tempfile.TemporaryDirectory(prefix="prl-bench-dtype-") as tmp:
         model, cores = resolve_model(config["model"]), config["worker_cores"][0]

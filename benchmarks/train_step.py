@@ -8,7 +8,8 @@ groups every step (token ids drawn at random: the cost depends on the lengths, n
 modes interleaved (A B A B ...). Per step: seconds and minor page faults; the table gives the
 medians of the steps after ``--warmup`` and of the first step, and the ratio of the medians.
 
-``default`` leaves malloc as it is; ``keep`` calls :func:`periodic_rl.heap.keep_freed_memory`
+``default`` leaves malloc as it is; ``keep`` calls
+:func:`periodic_rl.cpu_tuning.heap.keep_freed_memory`
 first, as the periodic-async strategies do for a CPU trainer.
 
 Default run (the scan's short-prompt workload: 4 groups of 8, prompt 47 tokens, completions of
@@ -77,7 +78,7 @@ def workload(config: dict[str, Any]) -> list[tuple[list[int], list[list[int]]]]:
 def child_main(path: Path) -> None:
     """One run: ``config["mode"]`` applied, then ``steps`` timed trainer steps."""
     config = json.loads(path.read_text())
-    from periodic_rl.heap import keep_freed_memory
+    from periodic_rl.cpu_tuning.heap import keep_freed_memory
 
     applied = keep_freed_memory() if config["mode"] == "keep" else False
     import torch

@@ -268,7 +268,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     import torch
 
     from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
-    from periodic_rl.rollout.core_loan import LOAN_LANE
+    from periodic_rl.cpu_tuning.core_loan import LOAN_LANE
     from periodic_rl.rollout.timing import PUSH_NAMES, WAIT_NAMES, summarize
 
     set_threads(config)

@@ -94,7 +94,7 @@ class VLLMSlot:
 
     def get(self, path: str) -> Any:
         """The engine for ``path``, started (and any other one shut down) if needed."""
-        from periodic_rl.rollout.vllm_engine import VLLMEngine
+        from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
 
         if self.engine is None or self.path != path:
             self.release()

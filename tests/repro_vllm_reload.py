@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None, work: Path | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     from periodic_rl.models import resolve_model
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
     from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-    from periodic_rl.rollout.vllm_engine import VLLMEngine
 
     work = work or Path(tempfile.mkdtemp(prefix="prl-reload-"))
     initial, trained = work / "initial", work / "trained"

@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 
 #: Largest parameter difference between two runs that differ only in the order their
 #: micro-batches were back-propagated (gradients are summed in completion order, so the bits
@@ -68,6 +68,19 @@ class RecordingModule(SGDModule):
         )
 
 
+CPU_TUNING_ARGS = ("worker_cores", "trainer_cores", "lend_idle_cores", "split_after")
+
+
+def with_tuning(strategy: dict[str, Any]) -> dict[str, Any]:
+    """The strategy's arguments, the CPU tuner's among them (``worker_cores`` ...) given to a
+    :class:`~periodic_rl.cpu_tuning.CPUTuning` as ``tuning``."""
+    tuning = {k: strategy[k] for k in CPU_TUNING_ARGS if k in strategy}
+    if not tuning:
+        return dict(strategy)
+    rest = {k: v for k, v in strategy.items() if k not in CPU_TUNING_ARGS}
+    return {**rest, "tuning": CPUTuning(**tuning)}
+
+
 def train(
     model_path: str,
     steps: int = 2,
@@ -95,7 +108,7 @@ def train(
     kwargs.update(module_kwargs)
     module = module_cls(**kwargs)
     strategy_obj = strategy_cls(
-        **(strategy or {"engine": "hf", "use_ray": False, "overlap": False})
+        **with_tuning(strategy or {"engine": "hf", "use_ray": False, "overlap": False})
     )
     trainer = L.Trainer(
         strategy=strategy_obj,

@@ -17,14 +17,13 @@ REPO = Path(__file__).parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 # Every example's strategy, made cheap: the in-process transformers engine, no Ray, no pinning
-# (trainer_cores would pin the test process itself).
+# (the examples' CPU tuning would pin the test process itself).
 HF_STRATEGY = [
     *("--trainer.strategy.init_args.engine", "hf"),
     *("--trainer.strategy.init_args.engine_kwargs", "null"),
     *("--trainer.strategy.init_args.use_ray", "false"),
     *("--trainer.strategy.init_args.overlap", "false"),
-    *("--trainer.strategy.init_args.worker_cores", "null"),
-    *("--trainer.strategy.init_args.trainer_cores", "null"),
+    *("--trainer.strategy.init_args.tuning", "null"),
 ]
 
 # A 2-iteration run of a tiny model with the in-process transformers engine: the fastest real fit.

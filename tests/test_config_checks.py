@@ -2,6 +2,7 @@
 field and what it must be (docs/troubleshooting.md, "Bad input")."""
 
 import pytest
+from rl_helpers import with_tuning
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 
@@ -84,7 +85,7 @@ STRATEGY = [
 @pytest.mark.parametrize(("kwargs", "field"), STRATEGY, ids=_ids(STRATEGY))
 def test_strategy_setting_out_of_range_names_the_field(kwargs, field):
     with pytest.raises(ValueError) as err:
-        PeriodicAsyncStrategy(**{"engine": "hf", **kwargs})
+        PeriodicAsyncStrategy(**with_tuning({"engine": "hf", **kwargs}))
     message = str(err.value)
     assert field in message, message
     assert any(word in message for word in (*MUST, "needs", "entries for")), message

@@ -7,14 +7,14 @@ import sys
 import pytest
 from rl_helpers import train
 
-from periodic_rl import heap
+from periodic_rl.cpu_tuning import heap
 
 needs_glibc = pytest.mark.skipif(not heap.uses_glibc(), reason="mallopt is glibc's")
 
 #: Allocates, fills and frees 256 MiB twice and prints the page faults of the second round.
 SECOND_ROUND_FAULTS = """
 import ctypes, resource, sys
-from periodic_rl.heap import keep_freed_memory
+from periodic_rl.cpu_tuning.heap import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)
@@ -66,8 +66,6 @@ def test_an_allocator_chosen_by_the_environment_is_left_alone(monkeypatch, name,
 
 def test_a_cpu_trainer_keeps_freed_memory(tiny_llama_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(
-        "periodic_rl.strategies.rollouts_mixin.keep_freed_memory", lambda: calls.append(1)
-    )
+    monkeypatch.setattr("periodic_rl.cpu_tuning.plugin.keep_freed_memory", lambda: calls.append(1))
     train(tiny_llama_path, steps=1)
     assert calls == [1]

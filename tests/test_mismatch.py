@@ -18,7 +18,7 @@ from rl_helpers import RecordingModule, train
 
 from periodic_rl import RLModule
 from periodic_rl.models import load_causal_lm
-from periodic_rl.rollout.hf_engine import HFEngine
+from periodic_rl.rollout.engines.hf_engine import HFEngine
 
 T = 0.7
 

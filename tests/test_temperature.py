@@ -14,7 +14,7 @@ from rl_helpers import train
 import periodic_rl.micro_batch as module_mod
 from periodic_rl.attention import completion_logprobs
 from periodic_rl.models import load_causal_lm
-from periodic_rl.rollout.hf_engine import HFEngine
+from periodic_rl.rollout.engines.hf_engine import HFEngine
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 from periodic_rl.weight_sync.export import policy_state_dict
 

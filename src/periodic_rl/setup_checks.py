@@ -5,7 +5,7 @@ model before any engine starts (the rows' own shape was checked when they were l
 - chat prompts (and ``system_prompt``) need a tokenizer with a chat template;
 - every training and held-out prompt encodes, within ``max_prompt_length`` under
   ``prompt_truncation='error'``, and with ``max_new_tokens`` fits the engine's ``max_model_len``;
-  vLLM's KV cache holds one group (:func:`~periodic_rl.rollout.engine_checks.
+  vLLM's KV cache holds one group (:func:`~periodic_rl.rollout.engines.engine_checks.
   check_prompts_fit_engine`);
 - with ``shared_prompt`` (the packed path), the attention backend can run here and the model's
   structure takes the packed layout (:func:`~periodic_rl.attention.integration.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from periodic_rl.rollout.engine_checks import check_prompts_fit_engine, model_text_config
+from periodic_rl.rollout.engines.engine_checks import check_prompts_fit_engine, model_text_config
 
 
 def check_data_and_model(module: Any, source: Any, strategy: Any) -> None:

@@ -15,7 +15,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a killed worker's lost calls are not sent again",
-        file="src/periodic_rl/rollout/ray_generation.py",
+        file="src/periodic_rl/rollout/workers/generation.py",
         old=(
             "                    pending.appendleft(call.jobs)"
             "  # same jobs, same seeds, another try\n"
@@ -30,7 +30,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a dead worker is replaced only at the next push",
-        file="src/periodic_rl/rollout/ray_generation.py",
+        file="src/periodic_rl/rollout/workers/generation.py",
         old=(
             "                    self.redispatched_calls += 1\n"
             "                    self._restart(slot, call.incarnation, error)\n"
@@ -47,14 +47,14 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="HFEngine fingerprints what it received, not what it holds",
-        file="src/periodic_rl/rollout/hf_engine.py",
+        file="src/periodic_rl/rollout/engines/hf_engine.py",
         old="loaded_fingerprint(state_dict, {n: held[n] for n in state_dict if n in held})",
         new="weights_fingerprint(state_dict)",
         tests=("tests/rollout/test_engine_fingerprints.py",),
     ),
     Mutation(
         name="vLLM worker fingerprints what it received, not what its loader took in",
-        file="src/periodic_rl/rollout/vllm_worker.py",
+        file="src/periodic_rl/rollout/engines/vllm_worker.py",
         old="    return loaded_fingerprint(received, held)\n",
         new=(
             "    from periodic_rl.weight_sync.fingerprint import weights_fingerprint\n\n"
@@ -81,8 +81,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="bounded staleness: the schedule lags 2k versions instead of k",
         file="src/periodic_rl/rollout/pipeline.py",
-        old="        return max(self.start, (iteration - self.max_staleness) * self.steps_per_iteration)\n",
-        new="        return max(self.start, (iteration - 2 * self.max_staleness) * self.steps_per_iteration)\n",
+        old="(iteration - self.max_staleness) * self.steps_per_iteration",
+        new="(iteration - 2 * self.max_staleness) * self.steps_per_iteration",
         tests=(
             "tests/rollout/test_pipeline.py::test_iterations_run_ahead_on_the_fixed_schedule",
             f"{STALENESS_TESTS}::test_k1_overlapped_equals_synchronous_on_the_fixed_schedule",
@@ -104,21 +104,21 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a local Ray started on the machine's routable address (not loopback)",
-        file="src/periodic_rl/rollout/placement.py",
+        file="src/periodic_rl/rollout/workers/placement.py",
         old="    with all_cores(), gpus, loopback_node() if loopback else nullcontext():\n",
         new="    with all_cores(), gpus, nullcontext():\n",
         tests=("tests/rollout/test_network.py::test_a_local_run_listens_on_loopback_only[hf]",),
     ),
     Mutation(
         name="soak: a run's own local Ray is left running after the fit",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/workers/rollouts.py",
         old="                ray.shutdown()\n                self._owns_ray = False\n",
         new="                self._owns_ray = False\n",
         tests=("tests/test_soak.py",),
     ),
     Mutation(
         name="bad input: the prompt-length check forgets max_new_tokens",
-        file="src/periodic_rl/rollout/engine_checks.py",
+        file="src/periodic_rl/rollout/engines/engine_checks.py",
         old="            if length + max_new_tokens > max_len:\n",
         new="            if length > max_len:\n",
         tests=(
@@ -128,7 +128,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="bad input: the KV-cache check ignores the group's size",
-        file="src/periodic_rl/rollout/engine_checks.py",
+        file="src/periodic_rl/rollout/engines/engine_checks.py",
         old="    blocks = max(num_generations * _blocks(",
         new="    blocks = max(0 * _blocks(",
         tests=(
@@ -138,7 +138,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="faults: a hung rollout call is never timed out",
-        file="src/periodic_rl/rollout/ray_generation.py",
+        file="src/periodic_rl/rollout/workers/generation.py",
         old=(
             "                for slot, waited in hung_slots(self._slots, in_flight, "
             "self.call_timeout_s):\n"
@@ -159,7 +159,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="worker restarts counted over the whole run, not in a row",
-        file="src/periodic_rl/rollout/ray_generation.py",
+        file="src/periodic_rl/rollout/workers/generation.py",
         old="                    slot.failures = 0\n",
         new="",
         tests=("tests/rollout/test_faults.py::test_restarts_count_in_a_row_not_over_the_run",),
@@ -180,7 +180,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the broadcast group is not re-formed after a worker restart",
-        file="src/periodic_rl/rollout/ray_broadcast.py",
+        file="src/periodic_rl/rollout/workers/broadcast.py",
         old="        members = (backend, *((s.index, s.incarnation) for s in slots))",
         new="        members = (backend, *(s.index for s in slots))",
         tests=(
@@ -190,7 +190,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a broadcast push's worker reports what it received, not what it loaded",
-        file="src/periodic_rl/rollout/worker.py",
+        file="src/periodic_rl/rollout/workers/worker.py",
         old="        fingerprint = self._install(engine, state_dict, version, keep)\n"
         "        del state_dict\n",
         new="        self._install(engine, state_dict, version, keep)\n"
@@ -203,7 +203,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="workers started outside their placement group's bundle",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/workers/rollouts.py",
         old="        placed = self._placement.options(slot.index) if self._placement else {}",
         new="        placed = {}",
         tests=(
@@ -213,7 +213,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="an unplaceable placement group waited for forever instead of refused",
-        file="src/periodic_rl/rollout/placement.py",
+        file="src/periodic_rl/rollout/workers/placement.py",
         old="            if (infeasible and waited >= infeasible_s) or waited >= timeout_s:",
         new="            if waited >= timeout_s:",
         tests=(
@@ -223,7 +223,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the hardware split always overlaps",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old=(
             "    best = min(candidates, key=lambda c: c.predicted_s)"
             "  # min keeps the first of equals\n"
@@ -233,14 +233,14 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a push hashed after the put takes a worker's report as the expected fingerprint",
-        file="src/periodic_rl/rollout/ray_pushes.py",
+        file="src/periodic_rl/rollout/workers/pushes.py",
         old="            expected = weights_fingerprint(state_dict)\n",
         new="            expected = ray.get(calls[0][2])  # what the first worker reports\n",
         tests=("tests/rollout/test_ray_rollouts.py::test_fingerprint_mismatch_raises",),
     ),
     Mutation(
         name="worker_cores auto moves the workers onto their old cores",
-        file="src/periodic_rl/rollout/ray_rollouts.py",
+        file="src/periodic_rl/rollout/workers/rollouts.py",
         old="            slot.cores = list(worker_cores[slot.index])\n",
         new="",
         tests=(
@@ -250,7 +250,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="worker_cores auto starts overlapped instead of taking turns",
-        file="src/periodic_rl/rollout/split_advisor.py",
+        file="src/periodic_rl/cpu_tuning/split_advisor.py",
         old="num_workers, overlap=False)",
         new="num_workers, overlap=True)",
         tests=(
@@ -260,7 +260,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="worker_cores auto tries the other mode although no gain is predicted",
-        file="src/periodic_rl/rollout/split_advisor.py",
+        file="src/periodic_rl/cpu_tuning/split_advisor.py",
         old="        apply = None if plan.chosen.same_split(self.current) else plan.chosen\n",
         new="        apply = next(c for c in plan.candidates "
         "if c.overlap != self.current.overlap)\n"
@@ -272,7 +272,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a fit never says the efficiencies were measured (advice always 'assumed')",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old='                changes["efficiencies_measured"] = True\n',
         new="",
         tests=(
@@ -282,7 +282,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a worker moved in place moves only the thread that was asked",
-        file="src/periodic_rl/rollout/worker.py",
+        file="src/periodic_rl/rollout/workers/worker.py",
         old="        repin_threads(list(cores), old)\n",
         new="        os.sched_setaffinity(0, set(cores))\n        import torch\n\n"
         "        torch.set_num_threads(len(cores))\n",
@@ -310,7 +310,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="engine_dtype auto ignores the 10% margin (bf16 wins ties)",
-        file="src/periodic_rl/rollout/engine_dtype.py",
+        file="src/periodic_rl/cpu_tuning/engine_dtype.py",
         old='    return "bfloat16" if bf16 > 0 and bf16 >= BF16_MARGIN * f32 else "float32"',
         new='    return "bfloat16" if bf16 > 0 and bf16 >= f32 else "float32"',
         tests=("tests/rollout/test_engine_dtype.py::test_choose_dtype",),
@@ -318,7 +318,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the CPU engine keeps vLLM's 128-token KV blocks (a group prefills its prompt"
         " G times)",
-        file="src/periodic_rl/rollout/vllm_engine.py",
+        file="src/periodic_rl/rollout/engines/vllm_engine.py",
         old='                llm_kwargs.setdefault("block_size", VLLM_CPU_BLOCK_SIZE)\n',
         new="                pass\n",
         tests=(
@@ -335,7 +335,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a tied lm_head is fed to vLLM's reload again (the vocabulary processed twice)",
-        file="src/periodic_rl/rollout/vllm_worker.py",
+        file="src/periodic_rl/rollout/engines/vllm_worker.py",
         old="            tied.add(name)\n",
         new="            pass\n",
         tests=(
@@ -345,7 +345,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a restart after the trainer's step reads its changed weights (no lasting copy)",
-        file="src/periodic_rl/rollout/ray_pushes.py",
+        file="src/periodic_rl/rollout/workers/pushes.py",
         old="            self._pushed = replace(pending.pushed, base=ref)\n",
         new="            pass\n",
         tests=(
@@ -355,7 +355,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="full pushes to workers on this machine copied through the object store",
-        file="src/periodic_rl/rollout/ray_pushes.py",
+        file="src/periodic_rl/rollout/workers/pushes.py",
         old="        return share(state_dict)\n",
         new="        return None\n",
         tests=(
@@ -365,7 +365,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a vLLM engine whose weight load failed midway still claims the old weights",
-        file="src/periodic_rl/rollout/vllm_engine.py",
+        file="src/periodic_rl/rollout/engines/vllm_engine.py",
         old="            self._fingerprint = UNKNOWN_WEIGHTS",
         new="            pass",
         tests=(
@@ -375,9 +375,9 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the trainer borrows the worker's cores before the iteration is generated",
-        file="src/periodic_rl/rollout/controller.py",
-        old="                if pipeline.idle:  # everything generated: the workers are idle",
-        new="                if True:",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="        if generation_done():\n            self.loan.lend(cores)\n",
+        new="        if True:\n            self.loan.lend(cores)\n",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",
@@ -395,7 +395,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the trainer lends only at micro-batch boundaries (no lend points inside one)",
-        file="src/periodic_rl/rollout/core_loan.py",
+        file="src/periodic_rl/cpu_tuning/core_loan.py",
         old="    with torch.autograd.graph.saved_tensors_hooks(point, point):\n        yield\n",
         new="    yield\n",
         tests=(
@@ -406,7 +406,7 @@ ROWS: list[Mutation] = [
     Mutation(
         name="the borrowed cores are kept through the push",
         file="src/periodic_rl/rollout/controller.py",
-        old="        self._give_back()  # the workers load the weights, then generate\n",
+        old="        self.tuning.before_push()  # the workers load the weights, then generate\n",
         new="",
         tests=(
             "tests/rollout/test_core_loan.py::"
@@ -415,7 +415,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a loan moves the threads but not torch's thread pool",
-        file="src/periodic_rl/rollout/core_loan.py",
+        file="src/periodic_rl/rollout/processes.py",
         old="        torch.set_num_threads(len(wide))\n",
         new="",
         tests=(
@@ -425,9 +425,9 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the workers never borrow the waiting trainer's cores for a weight load",
-        file="src/periodic_rl/rollout/controller.py",
-        old="loads_borrow_trainer_cores=bool(self._lendable_cores())\n",
-        new="loads_borrow_trainer_cores=False\n",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="        return sorted(os.sched_getaffinity(0)) if self._lendable else None\n",
+        new="        return None\n",
         tests=(
             "tests/rollout/test_core_loan.py::"
             "test_loans_fall_between_generation_and_push_and_change_no_update",
@@ -435,7 +435,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a worker keeps the trainer's cores after loading a push",
-        file="src/periodic_rl/rollout/worker.py",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
         old="        finally:\n            loan.give_back()\n",
         new="        finally:\n            pass\n",
         tests=(

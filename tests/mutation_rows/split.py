@@ -17,7 +17,7 @@ DEFER_TEST = (
 ROWS: list[Mutation] = [
     Mutation(
         name="an overlapped iteration predicted fully overlapped (no pipeline fill or drain)",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old="    if micro_batches is None:\n        return max(generation_s, training_s)\n",
         new="    return max(generation_s, training_s)\n",
         tests=(
@@ -27,21 +27,21 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="the trainer's borrowed seconds fitted as if on its own cores",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old="    if lent <= 0 or turns.training.units <= t.units:\n",
         new="    if True:\n",
         tests=(f"{PLAN_TESTS}::test_borrowed_seconds_are_taken_out_of_training_on_its_own_cores",),
     ),
     Mutation(
         name="the trainer's borrowed seconds predicted as if on its own cores",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old="        if self.lent_s <= 0 or t.units >= all_units:\n",
         new="        if True:\n",
         tests=(f"{PLAN_TESTS}::test_borrowed_seconds_are_taken_out_of_training_on_its_own_cores",),
     ),
     Mutation(
         name="no loan modelled after generation ends (the trainer's drain on its own cores)",
-        file="src/periodic_rl/rollout/hardware_split.py",
+        file="src/periodic_rl/cpu_tuning/hardware_split.py",
         old="    after = rates.training_on(every, te, every) if model.lend_idle_cores else None\n",
         new="    after = None\n",
         tests=(
@@ -60,21 +60,21 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a worker_cores: auto run models no loan although its trainer borrows cores",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
-        old="hit.model if hit else SplitModel(), lend_idle_cores=options.lend_idle_cores\n",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="hit.model if hit else SplitModel(), lend_idle_cores=self.lend_idle_cores\n",
         new="hit.model if hit else SplitModel(), lend_idle_cores=False\n",
         tests=(AUTO_TEST,),
     ),
     Mutation(
         name="a fixed split's advice models no loan although its trainer borrows cores",
-        file="src/periodic_rl/rollout/split_advisor.py",
-        old="    model = replace(model or SplitModel(), lend_idle_cores=options.lend_idle_cores)\n",
+        file="src/periodic_rl/cpu_tuning/split_advisor.py",
+        old="    model = replace(model or SplitModel(), lend_idle_cores=lend_idle_cores)\n",
         new="    model = model or SplitModel()\n",
         tests=(AUTO_TEST,),
     ),
     Mutation(
         name="auto guesses on assumed efficiencies however few iterations are left",
-        file="src/periodic_rl/rollout/split_advisor.py",
+        file="src/periodic_rl/cpu_tuning/split_advisor.py",
         old="            apply = None if deferred else apply\n",
         new="            deferred = None\n",
         tests=(
@@ -84,15 +84,15 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a run too short to explore remembers its untried choice in the split cache",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
         old="if step.final and not step.deferred and self.split_cache is not None:",
         new="if step.final and self.split_cache is not None:",
         tests=(DEFER_TEST,),
     ),
     Mutation(
         name="the strategy tells the advisor no bound on the run's iterations",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
-        old="iterations_left(self.lightning_module.trainer)",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="iterations_left(trainer)",
         new="None",
         tests=(DEFER_TEST,),
     ),

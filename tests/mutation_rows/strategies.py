@@ -58,8 +58,8 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="worker_cores auto ignores the cached split (starts on the default one)",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
-        old="            if hit is not None:\n",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="            if hit is not None:  # start on the split a run of this workload chose\n",
         new="            if False:\n",
         tests=(
             "tests/strategies/test_auto_split.py::"
@@ -134,7 +134,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="a fixed split's advice ignores the efficiencies an auto run measured",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
         old="model=known.model if known else None,",
         new="model=None,",
         tests=(
@@ -144,23 +144,23 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="keep_freed_memory leaves mmap on (large buffers faulted in again every time)",
-        file="src/periodic_rl/heap.py",
+        file="src/periodic_rl/cpu_tuning/heap.py",
         old="return bool(mallopt(M_MMAP_MAX, 0)) and bool(",
         new="return bool(",
         tests=("tests/test_heap.py::test_a_freed_buffer_is_reused_without_page_faults",),
     ),
     Mutation(
         name="keep_freed_memory overrides an allocator the environment chose",
-        file="src/periodic_rl/heap.py",
+        file="src/periodic_rl/cpu_tuning/heap.py",
         old="    if not uses_glibc() or allocator_chosen():",
         new="    if not uses_glibc():",
         tests=("tests/test_heap.py::test_an_allocator_chosen_by_the_environment_is_left_alone",),
     ),
     Mutation(
         name="a CPU trainer does not keep freed memory",
-        file="src/periodic_rl/strategies/rollouts_mixin.py",
-        old="            keep_freed_memory()  # each step",
-        new="            pass  # each step",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="        keep_freed_memory()  # each step",
+        new="        pass  # each step",
         tests=("tests/test_heap.py::test_a_cpu_trainer_keeps_freed_memory",),
     ),
 ]

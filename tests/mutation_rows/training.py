@@ -175,7 +175,10 @@ ROWS: list[Mutation] = [
         name="num_iterations: every inner step publishes the weights",
         file="src/periodic_rl/module.py",
         old="        optimizer.step()\n",
-        new="        optimizer.step()\n        self.rollout_strategy().publish(self.trainer.global_step)\n",
+        new=(
+            "        optimizer.step()\n"
+            "        self.rollout_strategy().publish(self.trainer.global_step)\n"
+        ),
         tests=(
             "tests/test_num_iterations.py::test_two_updates_equal_the_written_out_two_epoch_computation",
         ),

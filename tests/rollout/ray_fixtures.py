@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from periodic_rl.rollout.hf_engine import HFEngine
+from periodic_rl.rollout.engines.hf_engine import HFEngine
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 
 HERE = __file__.rsplit("/", 1)[0]

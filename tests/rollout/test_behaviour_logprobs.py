@@ -14,7 +14,7 @@ import torch
 from periodic_rl.attention import completion_logprobs
 from periodic_rl.models import load_causal_lm
 from periodic_rl.rollout.engine import InferenceEngine, generate_groups
-from periodic_rl.rollout.hf_engine import HFEngine, top_p_filter
+from periodic_rl.rollout.engines.hf_engine import HFEngine, top_p_filter
 from periodic_rl.rollout.local import LocalRollouts
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import (
@@ -23,7 +23,7 @@ from periodic_rl.rollout.types import (
     SamplingConfig,
     behaviour_logprobs,
 )
-from periodic_rl.rollout.worker import RolloutWorker
+from periodic_rl.rollout.workers.worker import RolloutWorker
 
 T = 0.7
 SAMPLING = SamplingConfig(max_new_tokens=10, temperature=T)
@@ -140,7 +140,7 @@ def test_worker_and_local_rollouts_carry_the_logprobs(hf_engine, vllm_tiny_path)
 def test_ray_rollouts_carry_the_logprobs(hf_engine, vllm_tiny_path):
     """Through a Ray worker process: the groups arrive with the in-process engine's log-probs."""
     pytest.importorskip("ray")
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     jobs = [
         GroupJob(index=i, prompt_ids=r.prompt_ids, n=r.n, seed=r.seed)

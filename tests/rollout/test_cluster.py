@@ -24,7 +24,7 @@ from rl_helpers import assert_same_update, train
 from test_ray_rollouts import SAMPLING, by_index, gone, make_jobs, ray_rollouts
 
 from periodic_rl.compat.ray import loopback_node
-from periodic_rl.rollout.placement import PlacementError
+from periodic_rl.rollout.workers.placement import PlacementError
 
 ray = pytest.importorskip("ray")
 
@@ -161,6 +161,6 @@ def test_training_with_workers_on_the_second_node_equals_one_node(
 
 @pytest.fixture(scope="module")
 def reference_engine(tiny_llama_path):
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     return HFEngine(tiny_llama_path)

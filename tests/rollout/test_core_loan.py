@@ -14,10 +14,10 @@ import pytest
 import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, max_diff, train
 
-from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lend_once_ready
+from periodic_rl.cpu_tuning.core_loan import LOAN_LANE, CoreLoan, lend_once_ready
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
-from periodic_rl.rollout.worker import RolloutWorker
+from periodic_rl.rollout.workers.worker import RolloutWorker
 from periodic_rl.weight_sync.transport import to_payload
 
 pytestmark = pytest.mark.usefixtures("restore_trainer_cores")
@@ -162,7 +162,7 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
     assert lent[1].load_cores == [[2]] * 3  # ... and on the waiting trainer's
     spans = lent[2].spans
     iterations = spans.iterations()
-    assert lent[2].rollouts.core_loan.loans == len(iterations) == 3
+    assert lent[2].tuning.loan.loans == len(iterations) == 3
     assert plain[2].rollouts.core_loan.loans == 0
     assert os.sched_getaffinity(0) == {CORES[0]}  # given back: the run ends on its own core
     for iteration in iterations:

@@ -140,7 +140,7 @@ class RecordedRollouts:
 
 
 def test_strategy_on_a_gpu_trainer_starts_workers_with_gpu_settings(two_fake_gpus, monkeypatch):
-    import periodic_rl.rollout.ray_rollouts as ray_rollouts
+    import periodic_rl.rollout.workers.rollouts as ray_rollouts
 
     monkeypatch.setattr(ray_rollouts, "RayRollouts", RecordedRollouts)
     RecordedRollouts.built.clear()
@@ -161,7 +161,7 @@ def test_strategy_on_a_gpu_trainer_starts_workers_with_gpu_settings(two_fake_gpu
 
 
 def test_strategy_on_a_cpu_trainer_keeps_cpu_settings(monkeypatch):
-    import periodic_rl.rollout.ray_rollouts as ray_rollouts
+    import periodic_rl.rollout.workers.rollouts as ray_rollouts
 
     monkeypatch.setattr(ray_rollouts, "RayRollouts", RecordedRollouts)
     RecordedRollouts.built.clear()
@@ -177,7 +177,7 @@ def test_strategy_on_a_cpu_trainer_keeps_cpu_settings(monkeypatch):
 
 
 def test_start_without_settings_is_a_cpu_run(monkeypatch):
-    import periodic_rl.rollout.ray_rollouts as ray_rollouts
+    import periodic_rl.rollout.workers.rollouts as ray_rollouts
 
     monkeypatch.setattr(ray_rollouts, "RayRollouts", RecordedRollouts)
     RecordedRollouts.built.clear()

@@ -374,7 +374,7 @@ def prompt_scorer(zero_prompts: set[int]):
 
 
 def test_local_rollouts_stream_spares_into_the_iteration(tiny_llama_path):
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
     from periodic_rl.rollout.local import LocalRollouts
 
     rollouts = LocalRollouts(HFEngine(tiny_llama_path))
@@ -432,8 +432,8 @@ class RecordingWorker:
 
 
 def test_ray_rollouts_take_jobs_while_they_generate(monkeypatch):
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
     from periodic_rl.rollout.spec import EngineSpec
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     ray = FakeRay()
     monkeypatch.setitem(sys.modules, "ray", ray)
@@ -455,8 +455,8 @@ def test_ray_rollouts_take_jobs_while_they_generate(monkeypatch):
 
 
 def test_ray_rollouts_refuse_a_streamed_index_used_twice(monkeypatch):
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
     from periodic_rl.rollout.spec import EngineSpec
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     ray = FakeRay()
     monkeypatch.setitem(sys.modules, "ray", ray)
@@ -490,9 +490,9 @@ def test_ray_workers_generate_the_spares_as_in_process(tiny_llama_path):
     pytest.importorskip("ray")
     import os
 
-    from periodic_rl.rollout.hf_engine import HFEngine
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
     from periodic_rl.rollout.spec import EngineSpec
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     jobs = [GroupJob(index=i, prompt_ids=[1, 504, 30 + i], n=2, seed=i) for i in range(4)]
     spare = lambda s: GroupJob(index=4 + s, prompt_ids=[1, 504, 40 + s], n=2, seed=4 + s)  # noqa: E731

@@ -5,9 +5,10 @@ import os
 import sys
 
 import pytest
+from rl_helpers import with_tuning
 
-from periodic_rl import PeriodicAsyncStrategy
-from periodic_rl.rollout.engine_checks import (
+from periodic_rl import CPUTuning, PeriodicAsyncStrategy
+from periodic_rl.rollout.engines.engine_checks import (
     check_prompts_fit_engine,
     kv_bytes_per_token,
     vllm_argument_names,
@@ -66,13 +67,14 @@ def test_vllm_not_installed_says_how_to_install_it(monkeypatch):
 )
 def test_cores_out_of_range_are_refused_at_construction(kwargs, field):
     with pytest.raises(ValueError, match=field) as err:
-        PeriodicAsyncStrategy(engine="hf", **kwargs)
+        PeriodicAsyncStrategy(engine="hf", **with_tuning(kwargs))
     assert "this process cannot run on" in str(err.value) or "non-empty" in str(err.value)
 
 
 def test_cores_of_a_remote_cluster_are_not_checked_here():
     cores = [[max(os.sched_getaffinity(0)) + 1]]
-    PeriodicAsyncStrategy(engine="hf", worker_cores=cores, ray_address="ray://elsewhere:10001")
+    tuning = CPUTuning(worker_cores=cores)
+    PeriodicAsyncStrategy(engine="hf", tuning=tuning, ray_address="ray://elsewhere:10001")
 
 
 class _Config:

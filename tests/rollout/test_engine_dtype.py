@@ -13,8 +13,8 @@ import os
 import pytest
 
 from periodic_rl import PeriodicAsyncStrategy
-from periodic_rl.rollout import engine_dtype
-from periodic_rl.rollout.engine_dtype import (
+from periodic_rl.cpu_tuning import engine_dtype
+from periodic_rl.cpu_tuning.engine_dtype import (
     BF16_MARGIN,
     DtypeChoice,
     cache_key,
@@ -200,7 +200,10 @@ def test_auto_is_resolved_at_setup_for_hf(tiny_llama_path):
     strategy = {"engine": "hf", "use_ray": False, "overlap": False, "engine_dtype": "auto"}
     _, _, fitted = train(tiny_llama_path, steps=1, strategy=strategy)
     assert fitted.rollouts.options.engine_kwargs["dtype"] == "float32"
-    assert fitted.engine_dtype_choice is not None and "hf" in fitted.engine_dtype_choice.source
+    assert (
+        fitted.tuning.engine_dtype_choice is not None
+        and "hf" in fitted.tuning.engine_dtype_choice.source
+    )
     assert not fitted.engine_dtype_pending
 
 
@@ -238,7 +241,7 @@ def test_auto_reaches_vllm_as_the_cached_choice(tmp_path, vllm_slot, vllm_tiny_p
     monkeypatch.setattr(PeriodicAsyncStrategy, "teardown", record_then_teardown)
     _, _, fitted = train(vllm_tiny_path, steps=1, strategy=strategy)
     assert seen["dtype"] == torch.bfloat16
-    assert fitted.engine_dtype_choice.source == "cache"
+    assert fitted.tuning.engine_dtype_choice.source == "cache"
     assert fitted.rollouts.options.engine_kwargs["dtype"] == "bfloat16"
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from ray_fixtures import DroppingEngine
 
-from periodic_rl.rollout.hf_engine import HFEngine
+from periodic_rl.rollout.engines.hf_engine import HFEngine
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 
 
@@ -44,7 +44,7 @@ def test_vllm_reload_that_loses_or_changes_a_tensor_reports_other_weights(
     vllm_tiny, vllm_tiny_path, make_trainer, monkeypatch
 ):
     from periodic_rl.models import load_causal_lm
-    from periodic_rl.rollout import vllm_worker
+    from periodic_rl.rollout.engines import vllm_worker
 
     state = make_trainer(vllm_tiny_path).state_dict()
     expected = weights_fingerprint(state)

@@ -45,7 +45,7 @@ def rollouts2(tiny_llama_path, gate_dir):
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_path):
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     return HFEngine(tiny_llama_path)
 
@@ -154,7 +154,7 @@ def test_hung_worker_is_killed_and_its_calls_sent_again(rollouts2, gate_dir, sho
     hold.touch()
     began = time.monotonic()
     try:
-        with caplog.at_level(logging.WARNING, logger="periodic_rl.rollout.ray_rollouts"):
+        with caplog.at_level(logging.WARNING, logger="periodic_rl.rollout.workers.rollouts"):
             groups = list(rollouts2.generate(jobs, SAMPLING, version))
     finally:
         hold.unlink()

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from periodic_rl.rollout.hardware_split import (
+from periodic_rl.cpu_tuning.hardware_split import (
     Candidate,
     MeasuredRates,
     SideTime,

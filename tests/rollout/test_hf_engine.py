@@ -13,7 +13,7 @@ SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0)
 
 @pytest.fixture(scope="module")
 def hf_tiny(vllm_tiny_path):
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     return HFEngine(vllm_tiny_path)
 
@@ -127,7 +127,7 @@ def test_pretrained_completion_keeps_eos_and_push_matches_trainer(
 ):
     from transformers import AutoTokenizer
 
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     engine = HFEngine(smollm2_path)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ray_fixtures import DroppingEngine
 
-from periodic_rl.rollout.hf_engine import HFEngine
+from periodic_rl.rollout.engines.hf_engine import HFEngine
 from periodic_rl.rollout.local import LocalRollouts
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint

@@ -38,7 +38,7 @@ def by_index(groups) -> dict[int, list[list[int]]]:
 
 
 def ray_rollouts(path: str, num_workers: int = 1, kind: str = "hf", **kwargs):
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
 
     spec_kwargs = kwargs.pop("engine_kwargs", {})
     kwargs.setdefault("ray_init_kwargs", {"num_cpus": 2})
@@ -85,7 +85,7 @@ def rollouts2(tiny_llama_path, gate_dir):
 @pytest.fixture(scope="module")
 def reference(tiny_llama_path):
     """The same engine in this process: what every RayRollouts must reproduce."""
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     return HFEngine(tiny_llama_path)
 
@@ -311,7 +311,7 @@ DRIVER = textwrap.dedent(
     # A driver started in the background of a non-interactive shell (nohup, CI runners) inherits
     # SIGINT as ignored; an interactive user's driver has Python's handler. Restore it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from periodic_rl.rollout.ray_rollouts import RayRollouts
+    from periodic_rl.rollout.workers.rollouts import RayRollouts
     from periodic_rl.rollout.spec import EngineSpec
     from periodic_rl.rollout.types import GroupJob, SamplingConfig
 

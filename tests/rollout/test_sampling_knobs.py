@@ -19,7 +19,11 @@ import torch
 from periodic_rl.attention import completion_logprobs
 from periodic_rl.config_checks import check_sampling
 from periodic_rl.models import load_causal_lm
-from periodic_rl.rollout.hf_engine import HFEngine, processed_logits, repetition_penalty_filter
+from periodic_rl.rollout.engines.hf_engine import (
+    HFEngine,
+    processed_logits,
+    repetition_penalty_filter,
+)
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 
 T = 0.7

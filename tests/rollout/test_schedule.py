@@ -1,8 +1,8 @@
 import pytest
 
+from periodic_rl.rollout.calls import plan_calls
 from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.rollout.options import RolloutOptions
-from periodic_rl.rollout.schedule import plan_calls
 
 
 def sizes(calls):

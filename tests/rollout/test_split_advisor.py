@@ -6,16 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from periodic_rl.rollout.hardware_split import SplitModel
-from periodic_rl.rollout.options import RolloutOptions
-from periodic_rl.rollout.split_advisor import (
+from periodic_rl.cpu_tuning.hardware_split import SplitModel
+from periodic_rl.cpu_tuning.split_advisor import (
     SplitAdvisor,
     auto_start,
     iterations_left,
     log_only_advisor,
     starting_split,
 )
-from periodic_rl.rollout.split_cache import SplitCache, read_cache
+from periodic_rl.cpu_tuning.split_cache import SplitCache, read_cache
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 
 
@@ -223,11 +222,8 @@ def test_fixed_split_advice_uses_measured_efficiencies_or_says_they_are_assumed(
     assumed efficiency (0.5) one core each looks faster (max(6, 9) + 0.5 < 10.5 s), and the
     advice says the efficiency is assumed; with the efficiencies an auto run measured (1.0:
     time x cores constant), turn-taking stays best, and nothing is said to be assumed."""
-    options = RolloutOptions(overlap=False, worker_cores=[[0, 1]])
     model = SplitModel(1.0, 1.0, efficiencies_measured=True) if measured else None
-    advisor = log_only_advisor(
-        options, None, [0, 1], SimpleNamespace(on_gpu=False), 1, window=1, model=model
-    )
+    advisor = log_only_advisor(False, [[0, 1]], True, 1, None, [0, 1], window=1, model=model)
     recorder = SpanRecorder()
     record(recorder, 0, 9.0, 9.0, False)
     record(recorder, 1, 4.0, 6.0, False)

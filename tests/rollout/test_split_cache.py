@@ -10,11 +10,10 @@ from types import SimpleNamespace
 import pytest
 from transformers import LlamaConfig
 
-from periodic_rl.rollout import split_cache
-from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
-from periodic_rl.rollout.options import RolloutOptions
-from periodic_rl.rollout.split_advisor import SplitStep
-from periodic_rl.rollout.split_cache import (
+from periodic_rl.cpu_tuning import split_cache
+from periodic_rl.cpu_tuning.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
+from periodic_rl.cpu_tuning.split_advisor import SplitStep
+from periodic_rl.cpu_tuning.split_cache import (
     CACHE_ENV,
     CachedSplit,
     SplitCache,
@@ -24,6 +23,7 @@ from periodic_rl.rollout.split_cache import (
     workload_of,
     write_cache,
 )
+from periodic_rl.rollout.options import RolloutOptions
 
 WORKLOAD = Workload(
     num_generations=8,
@@ -115,7 +115,7 @@ def test_workload_of_a_run():
         precision="32-true", datamodule=SimpleNamespace(hparams={"batch_size": 2})
     )
     options = RolloutOptions(engine="hf", engine_kwargs={"dtype": "float32"}, groups_per_call=1)
-    assert workload_of(module, trainer, options) == Workload(
+    assert workload_of(module, trainer, options, lend_idle_cores=True) == Workload(
         4, 2, 16, 4, "32-true", "hf", {"dtype": "float32"}, 1, {"dtype": "float32"}, True
     )  # the seed changes no speed: not in the key
 
@@ -216,7 +216,7 @@ def test_an_unwritable_cache_costs_a_warning_only(tmp_path, caplog):
     cache = SplitCache(blocker / "hardware_split.json", {"k": 1}, None)  # parent is a file
     plan_step = SplitStep(RATES, None, None, None, True)
     assert cache.remember(plan_step, [RATES]) is None  # no plan: nothing to remember
-    from periodic_rl.rollout.hardware_split import choose_split
+    from periodic_rl.cpu_tuning.hardware_split import choose_split
 
     plan = choose_split(RATES, (0, 1), 1)
     with caplog.at_level(logging.WARNING, logger=split_cache.__name__):

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from periodic_rl.rollout.ray_rollouts import RayRollouts
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream, StreamClosed
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.rollout.workers.rollouts import RayRollouts
 
 
 @dataclass

@@ -62,7 +62,7 @@ def test_a_groups_samples_share_the_whole_blocks_of_their_prompt(vllm_tiny):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from periodic_rl.rollout.engine_checks import VLLM_CPU_BLOCK_SIZE
+    from periodic_rl.rollout.engines.engine_checks import VLLM_CPU_BLOCK_SIZE
 
     block = vllm_tiny.llm.llm_engine.vllm_config.cache_config.block_size
     assert block == VLLM_CPU_BLOCK_SIZE == 32
@@ -87,7 +87,7 @@ def test_weight_push_lands(vllm_tiny, vllm_tiny_path, fixed_ids, make_trainer, r
 def _packs_during_push(worker, state_dict: dict[str, torch.Tensor]) -> dict:
     from vllm import _custom_ops as ops
 
-    from periodic_rl.rollout import vllm_worker
+    from periodic_rl.rollout.engines import vllm_worker
 
     create, shapes = ops.create_onednn_mm, []
 
@@ -236,7 +236,7 @@ def test_adapter_push_equals_a_full_merged_push(vllm_tiny, vllm_tiny_path, fixed
 
 def test_in_process_engine_refuses_an_initialised_process_group(vllm_tiny, vllm_tiny_path):
     """vLLM would adopt an existing process group (here: the running engine's own)."""
-    from periodic_rl.rollout.vllm_engine import VLLMEngine
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
 
     assert torch.distributed.is_initialized()
     with pytest.raises(RuntimeError, match="in_process=False"):
@@ -278,12 +278,12 @@ def test_multiprocess_engine_pushes_through_a_file_and_cleans_shm(
 ):
     """vLLM's default multiprocess engine: tensors cannot be RPC arguments there, so the push
     goes through a safetensors file; its shared-memory segments must be gone after shutdown."""
-    from periodic_rl.rollout.vllm_engine import VLLMEngine
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
 
     vllm_slot.release()
     engine = VLLMEngine(vllm_tiny_path, in_process=False)
     try:
-        from periodic_rl.rollout import vllm_worker
+        from periodic_rl.rollout.engines import vllm_worker
 
         assert engine.llm.collective_rpc(vllm_worker.process_id) != [os.getpid()]
         ours = set(engine.shm.ours)
@@ -307,7 +307,7 @@ def test_pretrained_push_matches_trainer_and_greedy_matches_hf(
 ):
     from transformers import AutoTokenizer
 
-    from periodic_rl.rollout.hf_engine import HFEngine
+    from periodic_rl.rollout.engines.hf_engine import HFEngine
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     prompt = tokenizer.apply_chat_template(

@@ -11,7 +11,7 @@ import torch
 from periodic_rl.rollout.processes import descendants
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
-from periodic_rl.rollout.worker import RolloutWorker, StaleWeightsError
+from periodic_rl.rollout.workers.worker import RolloutWorker, StaleWeightsError
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
 from periodic_rl.weight_sync.transport import to_payload
 
@@ -21,7 +21,7 @@ SAMPLING = SamplingConfig(max_new_tokens=6)
 # ---- EngineSpec -------------------------------------------------------------------------------
 def test_engine_spec_kinds_and_validation():
     spec = EngineSpec("hf", "some/model", {"dtype": "float32"})
-    assert spec.class_path == "periodic_rl.rollout.hf_engine:HFEngine"
+    assert spec.class_path == "periodic_rl.rollout.engines.hf_engine:HFEngine"
     assert pickle.loads(pickle.dumps(spec)) == spec
     assert hash(spec) == hash(EngineSpec("hf", "some/model", {"device": "cpu"}))
     assert EngineSpec("vllm", "m").uses_vllm and not spec.uses_vllm

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import traceback
-from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +35,7 @@ from periodic_rl.strategies import (  # noqa: E402
     PeriodicAsyncFSDPStrategy,
 )
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint  # noqa: E402
+from periodic_rl.weight_sync.push import WeightPusher  # noqa: E402
 
 BATCH = 2  # prompts per rank and iteration: a one-rank run takes 2 x BATCH
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -80,22 +80,26 @@ def listening_addresses() -> list[str]:
     ]
 
 
-class OtherWeightsController(RolloutController):
-    """After the first step, rank 0 loads the engines with other weights than the policy's under
-    the right version, and every rank is told the fingerprint of the policy's own: a push that
-    reports success for weights the engines do not hold. Only the fingerprint can tell."""
+class LyingPusher(WeightPusher):
+    """After the first push, loads the engines with other weights than the policy's under the
+    right version, and reports the fingerprint of the policy's own: a push that reports success
+    for weights the engines do not hold. Only the fingerprint can tell."""
 
-    def push(self, policy, gathered=nullcontext) -> str:
-        if self.version == 0:
-            return super().push(policy, gathered)
-        claimed = None
-        if self.link.rank == 0:
-            state = policy.rollout_state_dict()
-            name = sorted(state)[0]
-            self.backend.push_weights({**state, name: state[name] + 1e-3}, self.version)
-            claimed = weights_fingerprint(state)
-        self.fingerprint = self.link.broadcast(claimed)
-        return self.fingerprint
+    def push(self, backend, policy, version):
+        if version == 0:
+            return super().push(backend, policy, version)
+        state = policy.rollout_state_dict()
+        name = sorted(state)[0]
+        backend.push_weights({**state, name: state[name] + 1e-3}, version)
+        return "full", weights_fingerprint(state)
+
+
+class OtherWeightsController(RolloutController):
+    """Rank 0 pushes through a :class:`LyingPusher`; every rank is told its fingerprint."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pusher = LyingPusher(self.options.adapter_pushes)
 
 
 class KillingController(RolloutController):

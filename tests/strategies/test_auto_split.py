@@ -10,13 +10,13 @@ import logging
 import os
 
 import pytest
-from rl_helpers import assert_same_update, train
+from rl_helpers import assert_same_update, train, with_tuning
 
-from periodic_rl import PeriodicAsyncStrategy
+from periodic_rl import CPUTuning, PeriodicAsyncStrategy
 from periodic_rl.cli import main
-from periodic_rl.rollout import split_advisor, split_cache
+from periodic_rl.cpu_tuning import split_advisor, split_cache
+from periodic_rl.cpu_tuning.hardware_split import SplitModel
 from periodic_rl.rollout.controller import RolloutController
-from periodic_rl.rollout.hardware_split import SplitModel
 
 pytestmark = pytest.mark.usefixtures("restore_trainer_cores")
 
@@ -57,7 +57,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
         original(self, worker_cores)
         pids.append(self.backend.worker_pids())
         affinity = [info["affinity"] for info in self.backend.worker_info()]
-        moves.append((self.options.overlap, sorted(os.sched_getaffinity(0)), affinity))
+        moves.append((self.overlap, sorted(os.sched_getaffinity(0)), affinity))
 
     monkeypatch.setattr(RolloutController, "set_worker_cores", recording)
     first, rest = CORES[0], CORES[1:]
@@ -67,8 +67,8 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
         strategy=_strategy(overlap=True, worker_cores=[rest], trainer_cores=[first]),
     )
     assert not moves  # a fixed split is only logged
-    (logged,) = fixed[2].split_advisor.steps
-    assert fixed[2].split_advisor.model.lend_idle_cores  # the run's option, modelled
+    (logged,) = fixed[2].tuning.split_advisor.steps
+    assert fixed[2].tuning.split_advisor.model.lend_idle_cores  # the run's option, modelled
     assert logged.apply is None and logged.plan is not None
     assert logged.assumed  # no run of this workload has measured the efficiencies yet
     os.sched_setaffinity(0, CORES)  # the fixed run pinned this process to its trainer core
@@ -85,8 +85,8 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
         (False, CORES, [CORES]),  # back to turn-taking: both sides on every core
     ]
     assert len(pids) == 4 and all(p == pids[0] for p in pids)  # moved in place
-    steps = auto[2].split_advisor.steps
-    assert auto[2].split_advisor.model.lend_idle_cores
+    steps = auto[2].tuning.split_advisor.steps
+    assert auto[2].tuning.split_advisor.model.lend_idle_cores
     assert [s.final for s in steps] == [False, True]
     assert [s.rates.overlap for s in steps] == [False, True]
     assert [s.rates.training.units for s in steps] == [len(CORES), 1]
@@ -103,10 +103,10 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
         again = train(tiny_llama_path, steps=3, strategy=_strategy(worker_cores="auto"))
     assert len(moves) == 2  # no switch
     strategy = again[2]
-    assert strategy.split_start.same_split(steps[-1].plan.chosen)
-    assert (strategy.rollouts.options.overlap, strategy.trainer_cores) == (False, CORES)
-    assert strategy.rollouts.options.worker_cores == [CORES]
-    (step,) = strategy.split_advisor.steps
+    assert strategy.tuning.split_start.same_split(steps[-1].plan.chosen)
+    assert (strategy.rollouts.overlap, strategy.tuning.trainer_cores) == (False, CORES)
+    assert strategy.rollouts.worker_cores == [CORES]
+    (step,) = strategy.tuning.split_advisor.steps
     assert step.cached and step.apply is None and step.rates.overlap is False
     assert again[1].trainer.callback_metrics["split/cached"] == 1.0
     lines = [r.getMessage() for r in caplog.records if "hardware split" in r.getMessage()]
@@ -115,9 +115,9 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
     # a fixed split of the same workload advises from what the auto run measured
     os.sched_setaffinity(0, CORES)
     advised = train(tiny_llama_path, steps=3, strategy=_strategy(overlap=False))
-    (advice,) = advised[2].split_advisor.steps
+    (advice,) = advised[2].tuning.split_advisor.steps
     assert not advice.assumed and advice.apply is None
-    assert advised[2].split_advisor.model == strategy.split_advisor.model
+    assert advised[2].tuning.split_advisor.model == strategy.tuning.split_advisor.model
 
 
 @needs_two_cores
@@ -138,9 +138,9 @@ def test_a_guess_the_run_cannot_repay_is_not_tried_nor_remembered(
     monkeypatch.setattr(split_advisor, "too_short_to_explore", too_short)
     run = train(tiny_llama_path, steps=4, strategy=_strategy(worker_cores="auto"))
     assert asked == [(True, 2, 1)]
-    (step,) = run[2].split_advisor.steps
+    (step,) = run[2].tuning.split_advisor.steps
     assert step.final and step.apply is None and step.deferred
-    assert (run[2].rollouts.options.overlap, run[2].trainer_cores) == (False, CORES)
+    assert (run[2].rollouts.overlap, run[2].tuning.trainer_cores) == (False, CORES)
     assert run[1].trainer.callback_metrics["split/deferred"] == 1.0
     assert not split_cache_file.exists()
 
@@ -158,29 +158,34 @@ def test_a_guess_the_run_cannot_repay_is_not_tried_nor_remembered(
 )
 def test_auto_split_refuses_what_it_cannot_apply(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PeriodicAsyncStrategy(engine="hf", worker_cores="auto", **kwargs)
+        PeriodicAsyncStrategy(**with_tuning({"engine": "hf", "worker_cores": "auto", **kwargs}))
 
 
 def test_worker_cores_must_be_lists_or_auto():
     with pytest.raises(ValueError, match="lists of cores, 'auto' or null"):
-        PeriodicAsyncStrategy(engine="hf", worker_cores="all")
+        PeriodicAsyncStrategy(engine="hf", tuning=CPUTuning(worker_cores="all"))
 
 
 @needs_two_cores
 def test_auto_split_refuses_gpu_training():
-    strategy = PeriodicAsyncStrategy(engine="hf", worker_cores="auto", device="cuda:0")
+    strategy = PeriodicAsyncStrategy(
+        engine="hf", tuning=CPUTuning(worker_cores="auto"), device="cuda:0"
+    )
     with pytest.raises(ValueError, match="splits CPU cores; training on GPUs"):
-        strategy._check_auto_device()
+        strategy.tuning.before_setup(strategy)
 
 
 def test_worker_cores_auto_from_yaml(tmp_path, capsys):
     config = tmp_path / "auto.yaml"
     config.write_text(
         "trainer:\n  strategy:\n    class_path: periodic_rl.PeriodicAsyncStrategy\n"
-        "    init_args:\n      engine: hf\n      worker_cores: auto\n      split_after: 2\n"
+        "    init_args:\n      engine: hf\n      tuning:\n"
+        "        class_path: periodic_rl.CPUTuning\n"
+        "        init_args: {worker_cores: auto, split_after: 2}\n"
     )
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "worker_cores: auto" in printed and "split_after: 2" in printed
+    assert "class_path: periodic_rl.cpu_tuning.plugin.CPUTuning" in printed

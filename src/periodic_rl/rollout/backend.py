@@ -1,6 +1,6 @@
 """`RolloutBackend`: the interface every set of rollout engines offers the rollout side.
 
-Two implementations: :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (engines in Ray
+Two implementations: :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` (engines in Ray
 actors, groups streamed back as they finish, dead workers replaced) and
 :class:`~periodic_rl.rollout.local.LocalRollouts` (one engine in the trainer's process, for
 debugging). The :class:`~periodic_rl.rollout.controller.RolloutController` talks to either only

@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
-from periodic_rl.rollout.core_loan import LOAN_LANE, CoreLoan, lend_once_ready, lendable_cores
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import (
@@ -36,6 +35,7 @@ from periodic_rl.rollout.ranks import RankLink, SingleRank
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.timing import MICRO_BATCH_NAME, SpanRecorder
+from periodic_rl.rollout.tuning import HardwareTuning
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.weight_sync.push import PushablePolicy, WeightPusher
 from periodic_rl.weight_sync.snapshot import PolicySnapshot, Snapshotter
@@ -63,7 +63,7 @@ class RolloutController:
         self.options = options
         self.spans = spans if spans is not None else SpanRecorder()
         self.overlap = options.overlap
-        self.worker_cores = [list(c) for c in options.worker_cores or []] or None
+        self.worker_cores: list[list[int]] | None = None  # pinned by a hardware tuner
         self.pusher = WeightPusher(options.adapter_pushes)
         self.snapshots = Snapshotter(options.adapter_pushes)
         self.backend: RolloutBackend | None = None
@@ -76,7 +76,7 @@ class RolloutController:
         self._snapshot_for_start: tuple[int, PolicySnapshot] | None = None
         self._resumed: tuple[int, dict[int, PolicySnapshot]] | None = None  # from a checkpoint
         self._submitted: dict[int, list[tuple[list[int], int]]] = {}  # iteration -> jobs
-        self.core_loan = CoreLoan()  # lent while the workers are idle, until the next push
+        self.tuning = HardwareTuning()  # the strategy's tuner, from start()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(
@@ -84,12 +84,17 @@ class RolloutController:
         model_path: str,
         link: Callable[[], RankLink],
         settings: RolloutSettings | None = None,
+        tuning: HardwareTuning | None = None,
     ) -> None:
         """Connect the ranks (once: ``link`` is a collective) and start the engines on rank 0
         (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``).
 
         ``settings``: the options with the training device's defaults filled in
-        (:func:`~periodic_rl.rollout.device_defaults.resolve_rollout`; default: a CPU run)."""
+        (:func:`~periodic_rl.rollout.device_defaults.resolve_rollout`; default: a CPU run);
+        ``tuning``: the run's hardware tuner (:mod:`periodic_rl.rollout.tuning`), whose hooks
+        the pipeline calls."""
+        if tuning is not None:
+            self.tuning = tuning
         if not self._connected:
             self.link, self._connected = link(), True
         if self.link.rank == 0 and self.backend is None:
@@ -104,9 +109,8 @@ class RolloutController:
             from periodic_rl.rollout.local import LocalRollouts
 
             return LocalRollouts(spec.build(), spans=self.spans)
-        import os
 
-        from periodic_rl.rollout.ray_rollouts import RayRollouts
+        from periodic_rl.rollout.workers.rollouts import RayRollouts
 
         backend = RayRollouts(
             spec,
@@ -121,8 +125,10 @@ class RolloutController:
             local_gpus=settings.local_gpus.ray_gpus,
             groups_per_call=o.groups_per_call or OVERLAPPED_GROUPS_PER_CALL,
             # the trainer waits while the workers load its pushes: they may use its cores
-            loads_borrow_trainer_cores=bool(self._lendable_cores())
-            and self.schedule.pushes_at_publish,
+            weight_load_cores=self.tuning.weight_load_cores
+            if self.schedule.pushes_at_publish
+            else None,
+            worker_tuning=self.tuning.worker_tuning(),
             call_timeout_s=o.call_timeout_s,
             spans=self.spans,
             # vLLM logs two harmless warnings and three info lines per weight push (rotary and
@@ -133,7 +139,7 @@ class RolloutController:
         return backend
 
     def shutdown(self) -> None:
-        self._give_back()
+        self.tuning.before_push()
         self.close_pipeline()
         if self.backend is not None:
             self.backend.shutdown()
@@ -152,7 +158,7 @@ class RolloutController:
         repin = getattr(self.backend, "repin", None)
         if self.backend is not None and repin is None:
             raise RuntimeError(f"{type(self.backend).__name__} cannot move its workers")
-        self._give_back()
+        self.tuning.before_push()
         self.worker_cores = [list(cores) for cores in worker_cores]
         if repin is not None:
             with self._pipeline_paused():
@@ -161,6 +167,8 @@ class RolloutController:
     def set_engine_dtype(self, dtype: str) -> None:
         """The engine's dtype, resolved at set-up (``engine_dtype: auto``), before the engines
         start."""
+        if dtype == self.options.engine_kwargs.get("dtype"):
+            return
         if self.backend is not None:
             raise RuntimeError("the engines have started: their dtype is set")
         kwargs = {**self.options.engine_kwargs, "dtype": dtype}
@@ -195,7 +203,7 @@ class RolloutController:
         :mod:`periodic_rl.weight_sync.gather`); every rank enters it, as its gathers are
         collectives. A failed push raises on every rank.
         """
-        self._give_back()  # the workers load the weights, then generate
+        self.tuning.before_push()  # the workers load the weights, then generate
         start = time.time()
         outcome: tuple[str, str] | str
         with self._pipeline_paused(), gathered():
@@ -233,12 +241,12 @@ class RolloutController:
         pipeline pushes when the iteration it generates comes up."""
         if version <= self.version:
             raise ValueError(f"publish of version {version}: version {self.version} is out")
-        self._give_back()  # the workers are about to load weights and generate
         pipeline = None if self.schedule.pushes_at_publish else self._started_pipeline()
         self._weights = WeightsRecord(self._weights.iteration + 1, version, None)
         if pipeline is None:
             self.push(policy, gathered)
             return
+        self.tuning.before_push()  # the workers are about to load weights and generate
         with self.spans.span("snapshot", "trainer"), gathered():
             if self.link.rank == 0:
                 pipeline.offer(version, self.snapshots.take(policy))
@@ -356,7 +364,7 @@ class RolloutController:
 
         ``current.dynamic``: dynamic sampling (:mod:`periodic_rl.rollout.dynamic_sampling`); its
         ``report`` is set once the iteration's groups are all taken."""
-        self._give_back()  # a failed iteration never reached its publish
+        self.tuning.before_push()  # a failed iteration never reached its publish
         pipeline = self._started_pipeline()
         group_size = max(1, current.jobs[0].n) if current.jobs else 1
         ramp = -(-micro_batch_size // group_size) if self.overlap else None
@@ -374,22 +382,16 @@ class RolloutController:
             self._submitted[request.iteration] = jobs
         self.spans.new_iteration(self.version)
         stream = pipeline.stream(current.iteration)
-        lendable = self._lendable()
         drained = False
         try:
             if not self.overlap:
                 with self.spans.span("wait", "trainer"):
                     pipeline.wait_generated(current.iteration)
             for groups in self._timed_micro_batches(stream, micro_batch_size):
-                if not lendable:
-                    yield groups
-                    continue
-                if pipeline.idle:  # everything generated: the workers are idle
-                    self._lend(lendable)
-                with lend_once_ready(self.core_loan, lendable, lambda: pipeline.idle):
+                with self.tuning.while_training(lambda: pipeline.idle):
                     yield groups  # generation may end while this one trains
-            if lendable and pipeline.idle:  # for the optimizer step
-                self._lend(lendable)
+            if pipeline.idle:  # for the optimizer step
+                self.tuning.generation_done()
             drained = True
             if current.dynamic is not None:
                 current.dynamic.report = stream.summary
@@ -398,22 +400,6 @@ class RolloutController:
             self._submitted.pop(current.iteration, None)
             if not drained:  # the training step failed: stop generating
                 self.close_pipeline()
-
-    def _lendable_cores(self) -> list[int]:
-        return lendable_cores(self.options, self.worker_cores, self.link.world_size)
-
-    def _lendable(self) -> list[int]:
-        """The workers' cores the trainer may borrow while they are idle (none taken already)."""
-        own = os.sched_getaffinity(0)
-        return [c for c in self._lendable_cores() if c not in own]
-
-    def _lend(self, cores: list[int]) -> None:
-        self.core_loan.lend(cores)
-
-    def _give_back(self) -> None:
-        lent = self.core_loan.give_back()
-        if lent is not None:  # its own lane: neither training nor waiting in the summary
-            self.spans.add("cores lent", LOAN_LANE, *lent)
 
     def call_size(self, groups: int) -> int | None:
         """Groups per worker call for an iteration of ``groups``: the option when set; else the

@@ -135,3 +135,37 @@ def resolve_rollout(
         push_transport=transport,
         local_gpus=local,
     )
+
+
+# ---- the engine's dtype ---------------------------------------------------------------------
+DTYPES = ("float32", "bfloat16")
+ENGINE_DTYPES = (*DTYPES, "auto")
+
+
+def check_engine_dtype(engine_dtype: str | None, engine: str, engine_kwargs: dict) -> None:
+    """At the strategy's construction: a known value, not given twice, ``auto`` only for the
+    engines it knows how to resolve."""
+    if engine_dtype is None:
+        return
+    if engine_dtype not in ENGINE_DTYPES:
+        raise ValueError(
+            f"engine_dtype must be one of {', '.join(ENGINE_DTYPES)} or null (engine_kwargs' "
+            f"dtype, else the device's default), got {engine_dtype!r}"
+        )
+    if "dtype" in engine_kwargs:
+        raise ValueError(
+            f"engine_dtype={engine_dtype!r} and engine_kwargs.dtype={engine_kwargs['dtype']!r} "
+            "both set the rollout engine's dtype; keep one of them (engine_dtype takes float32, "
+            "bfloat16 or auto)"
+        )
+    if engine_dtype == "auto" and engine not in ("vllm", "hf"):
+        raise ValueError(
+            f"engine_dtype='auto' is resolved for the vllm and hf engines only, not {engine!r}; "
+            "give engine_dtype float32 or bfloat16"
+        )
+
+
+def default_engine_dtype(engine: str, on_gpu: bool) -> str:
+    """What ``engine_dtype: auto`` means where no tuner measures it: bfloat16 on GPUs, else
+    float32."""
+    return "bfloat16" if on_gpu else "float32"

@@ -22,11 +22,12 @@ def sample_seed(group_seed: int, sample_index: int) -> int:
 class InferenceEngine(ABC):
     """Generates completions from a set of weights, and takes new weights in place.
 
-    Implementations: :class:`~periodic_rl.rollout.hf_engine.HFEngine` (transformers ``generate``)
-    and :class:`~periodic_rl.rollout.vllm_engine.VLLMEngine` (vLLM). A user's own engine is a
-    subclass of this one: :meth:`generate`, :meth:`load_weights`, :meth:`fingerprint` and
-    :meth:`prompt_logprobs` are required; :meth:`generate_with_logprobs` (behaviour log-probs,
-    for the mismatch metrics and truncated importance sampling) is optional.
+    Implementations: :class:`~periodic_rl.rollout.engines.hf_engine.HFEngine` (transformers
+    ``generate``) and :class:`~periodic_rl.rollout.engines.vllm_engine.VLLMEngine` (vLLM). A
+    user's own engine is a subclass of this one: :meth:`generate`, :meth:`load_weights`,
+    :meth:`fingerprint` and :meth:`prompt_logprobs` are required;
+    :meth:`generate_with_logprobs` (behaviour log-probs, for the mismatch metrics and truncated
+    importance sampling) is optional.
     """
 
     @abstractmethod

@@ -22,7 +22,7 @@ class LocalRollouts:
     process.
 
     It cannot overlap generation with training (they share the process); it is the simplest
-    backend, and the reference :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` is
+    backend, and the reference :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` is
     compared with.
     """
 
@@ -43,7 +43,7 @@ class LocalRollouts:
         :func:`weights_fingerprint` of what was sent, as the Ray rollouts do (on a mismatch the
         version stays the old one, so the trainer refuses what the engine generates next).
         ``keep``: the LoRA-adapted names to keep for :meth:`push_adapter` (see
-        :meth:`RayRollouts.push_weights <periodic_rl.rollout.ray_rollouts.RayRollouts>`)."""
+        :meth:`RayRollouts.push_weights <periodic_rl.rollout.workers.rollouts.RayRollouts>`)."""
         fingerprint = self.engine.load_weights(state_dict)
         expected = weights_fingerprint(detached_cpu(state_dict))
         if fingerprint != expected:

@@ -2,7 +2,7 @@
 
 One dataclass the strategies build from their own arguments (``PeriodicAsyncStrategy``'s
 docstring describes each field) and hand to the :class:`~periodic_rl.rollout.controller.
-RolloutController`; other parts (the split cache's key, the core loans) read it too.
+RolloutController`; a hardware tuner reads it too (:mod:`periodic_rl.rollout.tuning`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ class RolloutOptions:
     ray_address: str | None = None
     cpus_per_worker: float = 1.0
     gpus_per_worker: float | None = None  # None: the device's default (device_defaults)
-    worker_cores: list[list[int]] | None = None
     groups_per_call: int | None = None  # None: 2 overlapped, else a worker's share
     adapter_pushes: bool = True
     max_staleness: int = 0
@@ -34,7 +33,6 @@ class RolloutOptions:
     worker_resources: dict[str, float] | None = None
     placement_strategy: str = "PACK"
     push_transport: str = "auto"
-    lend_idle_cores: bool = True  # each side borrows the other's idle cores (core_loan)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -47,11 +45,6 @@ class RolloutOptions:
             raise ValueError(
                 "use_ray=False runs one engine inside the trainer's process: it needs "
                 "num_workers=1 and overlap=False (overlap needs workers in their own processes)"
-            )
-        if self.worker_cores is not None and len(self.worker_cores) != self.num_workers:
-            raise ValueError(
-                f"worker_cores has {len(self.worker_cores)} entries for "
-                f"num_workers={self.num_workers}"
             )
         if self.groups_per_call is not None and self.groups_per_call < 1:
             raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")

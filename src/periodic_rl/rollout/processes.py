@@ -2,7 +2,7 @@
 worker owns, and the cleanup of what they leave behind when they are killed.
 
 Imports neither torch nor Ray at the top: the worker imports this module before it pins its
-cores (see :mod:`periodic_rl.rollout.worker`).
+cores (see :mod:`periodic_rl.rollout.workers.worker`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -262,3 +263,84 @@ def visible_gpus(gpus: list[int] | None) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+# ---- core loans: widening a process onto another's idle cores -------------------------------
+def _thread_ids() -> set[int]:
+    return {int(entry) for entry in os.listdir("/proc/self/task")}
+
+
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:  # the thread ended meanwhile
+        return None
+
+
+def _move(tids: Iterable[int], cores: set[int]) -> None:
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            continue
+
+
+@dataclass
+class CoreLoan:
+    """Lends another process's idle cores to this one: the workers' to the trainer between
+    generation and the push, the trainer's to a worker while it loads a push.
+
+    ``lent_s``: seconds the cores were lent in all, ``loans``: loans made (for metrics and
+    tests); ``own``: this process's cores while a loan is out (``None`` otherwise).
+    Times are ``time.time()`` seconds, like the spans of :mod:`periodic_rl.rollout.timing`.
+    When to lend is the CPU tuner's (:mod:`periodic_rl.cpu_tuning.core_loan`).
+    """
+
+    lent_s: float = 0.0
+    loans: int = 0
+    own: set[int] | None = None
+    _moved: set[int] = field(default_factory=set)
+    _before: set[int] = field(default_factory=set)
+    _since: float = 0.0
+
+    @property
+    def lent(self) -> bool:
+        return self.own is not None
+
+    def lend(self, cores: Iterable[int]) -> bool:
+        """Widen this process to its own cores plus ``cores`` (their owner must leave them idle
+        until :meth:`give_back`). Returns whether a loan began: not when one is out already,
+        nor when this process already runs on every one of those cores."""
+        if self.lent:
+            return False
+        own = os.sched_getaffinity(0)
+        wide = own | {int(c) for c in cores}
+        if wide == own:
+            return False
+        import torch
+
+        self._before = _thread_ids()
+        self._moved = {t for t in self._before if _affinity(t) == own}
+        _move(self._moved, wide)
+        os.sched_setaffinity(0, wide)
+        torch.set_num_threads(len(wide))
+        self.own, self._since = own, time.time()
+        self.loans += 1
+        return True
+
+    def give_back(self) -> tuple[float, float] | None:
+        """Back onto this process's own cores; the loan's ``(start, end)``, or ``None`` (and
+        nothing done) without a loan out."""
+        if self.own is None:
+            return None
+        import torch
+
+        own, wide = self.own, os.sched_getaffinity(0)
+        started = {t for t in _thread_ids() - self._before if _affinity(t) == wide}
+        _move(self._moved | started, own)
+        os.sched_setaffinity(0, own)
+        torch.set_num_threads(len(own))
+        end = time.time()
+        self.lent_s += end - self._since
+        self.own, self._moved, self._before = None, set(), set()
+        return self._since, end

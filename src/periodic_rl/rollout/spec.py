@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # importing the engines pulls in torch: workers must set thre
 
 # Short names of the engines that ship with the library, as ``module:Class`` paths.
 BUILTIN_ENGINES: dict[str, str] = {
-    "hf": "periodic_rl.rollout.hf_engine:HFEngine",
-    "vllm": "periodic_rl.rollout.vllm_engine:VLLMEngine",
+    "hf": "periodic_rl.rollout.engines.hf_engine:HFEngine",
+    "vllm": "periodic_rl.rollout.engines.vllm_engine:VLLMEngine",
 }
 
 

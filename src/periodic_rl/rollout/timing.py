@@ -27,7 +27,7 @@ from typing import Any
 
 TRAINER_LANE = "trainer"
 WORKER_LANE_PREFIX = "worker-"
-#: The lane of the trainer's loans of idle worker cores (:mod:`periodic_rl.rollout.core_loan`).
+#: The lane of the trainer's loans of idle worker cores (:mod:`periodic_rl.cpu_tuning.core_loan`).
 LOAN_LANE = "trainer cores lent"
 WAIT_NAMES = frozenset({"wait"})
 PUSH_NAMES = frozenset({"weight push"})

@@ -1,5 +1,5 @@
 """Weights broadcast from the trainer straight into the rollout workers, through a process group
-of their own (``push_transport="broadcast"`` of :class:`~periodic_rl.rollout.ray_rollouts.
+of their own (``push_transport="broadcast"`` of :class:`~periodic_rl.rollout.workers.rollouts.
 RayRollouts`).
 
 The trainer (rank 0) and the workers (rank ``i + 1`` for worker ``i``) form a group that never

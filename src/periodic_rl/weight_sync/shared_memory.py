@@ -12,7 +12,7 @@ and hands the engine views of it.
 Safe because nothing writes the pushed tensors while a worker reads them: a push returns once
 every worker has loaded and fingerprinted them (the fingerprint covers what it read), and the
 trainer's next optimizer step first waits for the copy that restarted workers load
-(:meth:`periodic_rl.rollout.ray_rollouts.RayRollouts.weights_will_change`).
+(:meth:`periodic_rl.rollout.workers.rollouts.RayRollouts.weights_will_change`).
 
 Imports no torch at the top (the rollout worker imports this module before it pins its cores).
 Relies on torch's private ``UntypedStorage._share_fd_cpu_`` (what ``torch.multiprocessing``

@@ -5,7 +5,7 @@ Weights travel as one Ray object holding a dict of numpy arrays (:func:`to_paylo
 the same shared-memory copy, turned back into tensors without copying (:func:`from_payload`).
 
 Imports no torch at the top: the rollout worker imports this module before it pins its cores
-(see :mod:`periodic_rl.rollout.worker`).
+(see :mod:`periodic_rl.rollout.workers.worker`).
 """
 
 from __future__ import annotations

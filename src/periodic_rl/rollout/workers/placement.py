@@ -1,6 +1,6 @@
 """Where the rollout workers run: the Ray cluster they join, and their placement group.
 
-Ray is started only by :meth:`~periodic_rl.rollout.ray_rollouts.RayRollouts.start` (the
+Ray is started only by :meth:`~periodic_rl.rollout.workers.rollouts.RayRollouts.start` (the
 strategy's setup, never at import), locally unless ``ray_address`` is given
 (:func:`init_ray`). A local cluster listens on loopback only: no dashboard, and its node gets
 the address 127.0.0.1 (:func:`~periodic_rl.compat.ray.loopback_node`), so Ray's servers bind to
@@ -42,7 +42,7 @@ __all__ = [
     "worker_runtime_env",
 ]
 
-_SRC_DIR = str(Path(__file__).resolve().parents[2])  # .../src, so workers import periodic_rl
+_SRC_DIR = str(Path(__file__).resolve().parents[3])  # .../src, so workers import periodic_rl
 
 #: How long a placement group may stay pending (resources busy elsewhere) before start fails.
 PLACEMENT_TIMEOUT_S = 120.0

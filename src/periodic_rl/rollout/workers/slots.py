@@ -1,4 +1,4 @@
-"""The bookkeeping records of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts`."""
+"""The bookkeeping records of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts`."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def hung_slots(
 
 
 class SlotOwner:
-    """What the halves of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (its weight
+    """What the halves of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` (its weight
     pushes and its streamed generation, both mixins) need from the class that owns the worker
     slots: the slots, the pushed weights' state, and starting and restarting workers."""
 

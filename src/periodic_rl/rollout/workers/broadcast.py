@@ -1,4 +1,4 @@
-"""The trainer's side of the weight group of :class:`~periodic_rl.rollout.ray_rollouts.
+"""The trainer's side of the weight group of :class:`~periodic_rl.rollout.workers.rollouts.
 RayRollouts` (``push_transport="broadcast"``; :mod:`periodic_rl.weight_sync.broadcast`).
 
 :class:`BroadcastChannel` serves the group's store and forms the group: the trainer is rank 0,
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from periodic_rl.rollout.ray_slots import Slot
+from periodic_rl.rollout.workers.slots import Slot
 from periodic_rl.weight_sync.broadcast import Backend, GroupAddress, StoreServer, WeightGroup
 
 

@@ -1,4 +1,4 @@
-"""Streamed generation of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts`: prompt groups
+"""Streamed generation of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts`: prompt groups
 cut into calls, dispatched to the least-loaded workers, and yielded as each call finishes.
 
 A worker holds at most ``max_calls_in_flight`` calls and gets new work only when one of its
@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.ray_slots import Call, SlotOwner, hung_slots
-from periodic_rl.rollout.schedule import plan_calls, take_jobs
+from periodic_rl.rollout.calls import plan_calls, take_jobs
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
+from periodic_rl.rollout.workers.slots import Call, SlotOwner, hung_slots
 
 
 class StreamedGeneration(SlotOwner):
-    """The generation half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
+    """The generation half of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` (a mixin:
     the class it is mixed into owns the state it uses, and restarts workers)."""
 
     _closed: bool

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.rollout.json_cache import read_entry, write_entry
+from periodic_rl.cpu_tuning.json_cache import read_entry, write_entry
+from periodic_rl.rollout.device_defaults import DTYPES, ENGINE_DTYPES  # noqa: F401
 from periodic_rl.rollout.processes import pin_process  # imports neither torch nor vLLM
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16")
-ENGINE_DTYPES = (*DTYPES, "auto")
 #: bf16 wins only when it decodes at least this many times as fast as float32.
 BF16_MARGIN = 1.10
 #: The measured decode: one request of ``n`` samples from a fixed prompt, seeded.
@@ -69,29 +68,6 @@ def choose_dtype(rates: dict[str, float]) -> str:
     if f32 < 0 or bf16 < 0:
         raise ValueError(f"decode rates must be >= 0 tokens/s, got {rates}")
     return "bfloat16" if bf16 > 0 and bf16 >= BF16_MARGIN * f32 else "float32"
-
-
-def check_engine_dtype(engine_dtype: str | None, engine: str, engine_kwargs: dict) -> None:
-    """At the strategy's construction: a known value, not given twice, ``auto`` only for the
-    engines it knows how to resolve."""
-    if engine_dtype is None:
-        return
-    if engine_dtype not in ENGINE_DTYPES:
-        raise ValueError(
-            f"engine_dtype must be one of {', '.join(ENGINE_DTYPES)} or null (engine_kwargs' "
-            f"dtype, else the device's default), got {engine_dtype!r}"
-        )
-    if "dtype" in engine_kwargs:
-        raise ValueError(
-            f"engine_dtype={engine_dtype!r} and engine_kwargs.dtype={engine_kwargs['dtype']!r} "
-            "both set the rollout engine's dtype; keep one of them (engine_dtype takes float32, "
-            "bfloat16 or auto)"
-        )
-    if engine_dtype == "auto" and engine not in ("vllm", "hf"):
-        raise ValueError(
-            f"engine_dtype='auto' is resolved for the vllm and hf engines only, not {engine!r}; "
-            "give engine_dtype float32 or bfloat16"
-        )
 
 
 def resolve_engine_dtype(
@@ -155,7 +131,7 @@ def cpu_fields() -> dict[str, str]:
 def model_shape(model_path: str) -> dict[str, Any]:
     """What identifies a model's size for a cache key: its type, width, depth and vocabulary
     (from its config; the weights' values do not change a speed)."""
-    from periodic_rl.rollout.engine_checks import model_text_config
+    from periodic_rl.rollout.engines.engine_checks import model_text_config
 
     config = model_text_config(model_path)
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
@@ -200,8 +176,8 @@ def measure(model_path: str, cores: list[int], timeout_s: float = 900.0) -> dict
 
 
 def _decode_rate(model_path: str, dtype: str, kv_cache_gb: float) -> float:
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
     from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-    from periodic_rl.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(model_path, dtype=dtype, max_model_len=128, kv_cache_gb=kv_cache_gb)
     try:
@@ -224,7 +200,7 @@ def _child(argv: list[str]) -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
     args = parser.parse_args(argv)
     pin_process([int(c) for c in args.cores.split(",")], uses_vllm=True)  # as a worker does
-    from periodic_rl.rollout.engine_checks import kv_bytes_per_token, model_text_config
+    from periodic_rl.rollout.engines.engine_checks import kv_bytes_per_token, model_text_config
 
     per_token = kv_bytes_per_token(model_text_config(args.model), "float32")
     kv_gb = max(0.25, 2 * 12 * 128 * per_token / (1 << 30))  # 12 blocks of 128 (n=8 + spares)

@@ -29,11 +29,11 @@ VLLM_INSTALL = (
     "or choose engine: hf"
 )
 
-#: vLLM's defaults in :class:`~periodic_rl.rollout.vllm_engine.VLLMEngine`.
+#: vLLM's defaults in :class:`~periodic_rl.rollout.engines.vllm_engine.VLLMEngine`.
 VLLM_DEFAULT_MAX_MODEL_LEN = 1024
 VLLM_DEFAULT_KV_CACHE_GB = 1.0
-#: The KV-cache block (tokens) :class:`~periodic_rl.rollout.vllm_engine.VLLMEngine` gives vLLM
-#: on the CPU (vLLM's own default there is 128; its CPU attention takes multiples of 32);
+#: The KV-cache block (tokens) :class:`~periodic_rl.rollout.engines.vllm_engine.VLLMEngine` gives
+#: vLLM on the CPU (vLLM's own default there is 128; its CPU attention takes multiples of 32);
 #: ``engine_kwargs.block_size`` overrides it. vLLM shares only whole blocks of a prompt between
 #: the requests of one step, so with 128-token blocks a group of G samples of a 47-token prompt
 #: prefilled it G times: 2.0 s of a 3.7-4.1 s generation of 4 prompts x 8 samples x 24 tokens
@@ -44,10 +44,8 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2
 
 
 # ---- at construction -----------------------------------------------------------------------
-def check_rollout_options(options: Any, trainer_cores: Sequence[int] | None = None) -> None:
-    """Refuse an engine that is not installed, ``engine_kwargs`` it does not know, and cores
-    that this machine does not offer (``worker_cores`` only when Ray runs here: a cluster's
-    workers may run on other machines)."""
+def check_rollout_options(options: Any) -> None:
+    """Refuse an engine that is not installed, and ``engine_kwargs`` it does not know."""
     if not options.cpus_per_worker > 0:
         raise ValueError(f"cpus_per_worker must be > 0, got {options.cpus_per_worker}")
     if options.gpus_per_worker is not None and not options.gpus_per_worker >= 0:
@@ -57,11 +55,6 @@ def check_rollout_options(options: Any, trainer_cores: Sequence[int] | None = No
     EngineSpec(kind=options.engine, model="-")  # a known engine, or a module:Class path
     check_engine_installed(options.engine)
     check_engine_kwargs(options.engine, options.engine_kwargs)
-    if options.worker_cores is not None and options.ray_address is None:
-        for i, cores in enumerate(options.worker_cores):
-            check_cores(cores, f"worker_cores[{i}]")
-    if trainer_cores is not None:
-        check_cores(trainer_cores, "trainer_cores")
 
 
 def vllm_installed() -> bool:

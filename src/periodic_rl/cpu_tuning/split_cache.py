@@ -5,14 +5,14 @@ vLLM on the 2-core development machine), which a short run never earns back. So 
 explored writes its final choice here (:meth:`SplitCache.remember`), and the next run with the
 same key (:func:`cache_key`: the CPU, this process's core ids, the workers, the model's shape,
 the workload and the versions) starts directly on that split: its
-:class:`~periodic_rl.rollout.split_advisor.SplitAdvisor` measures one window of it and logs it
+:class:`~periodic_rl.cpu_tuning.split_advisor.SplitAdvisor` measures one window of it and logs it
 (``split/cached`` 1), switching nothing. When that window runs more than
 :data:`SLOWER_MARGIN` slower than the cached prediction, :meth:`SplitCache.check` warns; it does
 not explore again by itself: delete the file, or point ``$PERIODIC_RL_SPLIT_CACHE`` elsewhere.
 
 The file (:func:`cache_path`) is JSON, one entry per key, replaced atomically (a reader never
 sees half a file); an unreadable file is ignored with a warning, as in
-:mod:`~periodic_rl.rollout.engine_dtype`.
+:mod:`~periodic_rl.cpu_tuning.engine_dtype`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from periodic_rl.rollout.engine_dtype import cpu_fields, model_shape, package_version
-from periodic_rl.rollout.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
-from periodic_rl.rollout.json_cache import read_entry, write_entry
+from periodic_rl.cpu_tuning.engine_dtype import cpu_fields, model_shape, package_version
+from periodic_rl.cpu_tuning.hardware_split import Candidate, MeasuredRates, SideTime, SplitModel
+from periodic_rl.cpu_tuning.json_cache import read_entry, write_entry
+from periodic_rl.cpu_tuning.split_advisor import SplitStep
 from periodic_rl.rollout.options import RolloutOptions
-from periodic_rl.rollout.split_advisor import SplitStep
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,12 @@ class Workload:
     lend_idle_cores: bool = True
 
 
-def workload_of(module: Any, trainer: Any, options: RolloutOptions) -> Workload:
+def workload_of(
+    module: Any, trainer: Any, options: RolloutOptions, lend_idle_cores: bool
+) -> Workload:
     """The :class:`Workload` of a run, from its LightningModule (``hparams``), its Trainer
-    (``precision``, the datamodule's ``batch_size``) and its ``RolloutOptions``."""
+    (``precision``, the datamodule's ``batch_size``), its ``RolloutOptions`` and whether idle
+    cores are lent."""
     hparams = dict(getattr(module, "hparams", None) or {})
     data_hparams = getattr(getattr(trainer, "datamodule", None), "hparams", None) or {}
     precision = getattr(trainer, "precision", None)
@@ -88,7 +91,7 @@ def workload_of(module: Any, trainer: Any, options: RolloutOptions) -> Workload:
         engine_kwargs=dict(options.engine_kwargs or {}),
         groups_per_call=options.groups_per_call,
         training={k: hparams[k] for k in TRAINING_HPARAMS if k in hparams},
-        lend_idle_cores=options.lend_idle_cores,
+        lend_idle_cores=lend_idle_cores,
     )
 
 

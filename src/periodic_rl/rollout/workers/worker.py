@@ -1,7 +1,7 @@
 """`RolloutWorker`: one inference engine in its own process, driven as a Ray actor.
 
 The class is plain Python; :func:`remote_worker` turns it into a Ray actor class with explicit
-resources at the moment :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` starts (nothing
+resources at the moment :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` starts (nothing
 here touches Ray at import). The module imports neither torch nor vLLM at the top: a worker
 must pin its CPU cores and set its thread and vLLM environment variables *before* those
 libraries start their thread pools (an unpinned worker and trainer on the same cores both ran
@@ -20,7 +20,6 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from periodic_rl.rollout.core_loan import CoreLoan
 from periodic_rl.rollout.processes import (
     LEFTOVER_SHM_PREFIXES,
     _start_time,
@@ -31,6 +30,7 @@ from periodic_rl.rollout.processes import (
     shm_files,
 )
 from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.tuning import WorkerTuning
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 from periodic_rl.weight_sync.shared_memory import SharedPush, SharedWeightsReader
 from periodic_rl.weight_sync.transport import from_payload
@@ -69,9 +69,16 @@ class RolloutWorker:
             placement to the OS and Ray (which sets ``OMP_NUM_THREADS`` from ``num_cpus``).
     """
 
-    def __init__(self, worker_id: int, spec: EngineSpec, cores: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: int,
+        spec: EngineSpec,
+        cores: list[int] | None = None,
+        tuning: WorkerTuning | None = None,
+    ) -> None:
         started = time.time()
         self.worker_id = worker_id
+        self.tuning = tuning if tuning is not None else WorkerTuning()
         self.spec = spec
         self.cores = list(cores) if cores else None
         if spec.uses_vllm:
@@ -183,15 +190,11 @@ class RolloutWorker:
         shared memory, read in place: a trainer on this machine).
         ``keep``: the LoRA-adapted names, whose base weights this worker keeps for later
         :meth:`load_adapter` calls (:class:`~periodic_rl.weight_sync.merge.AdapterLoader`).
-        ``borrow``: cores (the waiting trainer's) this worker adds to its own for the load and
-        hands back before it returns (:class:`~periodic_rl.rollout.core_loan.CoreLoan`; a
-        no-op for a worker that already runs on them).
+        ``borrow``: cores (the waiting trainer's) the hardware tuner may add to this worker's
+        own for the load (:meth:`~periodic_rl.rollout.tuning.WorkerTuning.weight_load`).
         """
         engine = self._engine()
-        loan = CoreLoan()
-        if borrow:
-            loan.lend(borrow)
-        try:
+        with self.tuning.weight_load(borrow):
             started, faults = time.time(), _minor_faults()
             load_cores = len(os.sched_getaffinity(0))
             payload = _fetch(weights)
@@ -204,8 +207,6 @@ class RolloutWorker:
             fingerprint = self._install(engine, state_dict, version, keep)
             del state_dict  # drop the shared-memory views: they pin the object
             ended = time.time()
-        finally:
-            loan.give_back()
         self.last_load_s = ended - started
         self.last_load = {
             "fetch_s": fetched - started,
@@ -378,7 +379,7 @@ def remote_worker(num_cpus: float, num_gpus: float) -> Any:
     """:class:`RolloutWorker` as a Ray actor class with explicit resources.
 
     Ray's own restarts are off (``max_restarts=0``):
-    :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` restarts a dead worker itself,
+    :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` restarts a dead worker itself,
     because a new actor must be given the current weights before it may generate again.
     """
     import ray

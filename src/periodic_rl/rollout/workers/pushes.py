@@ -1,4 +1,5 @@
-"""Weight pushes of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts`: full and LoRA adapter.
+"""Weight pushes of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts`: full and LoRA
+adapter.
 
 A full push sends a state dict (one ``ray.put``) that every worker loads and fingerprints; with
 ``keep`` (the LoRA-adapted names) the workers also keep their base weights, and from then on
@@ -26,16 +27,16 @@ new group. Adapter pushes are small and always go through the object store.
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from periodic_rl.rollout.ray_broadcast import BroadcastChannel
-from periodic_rl.rollout.ray_slots import PushedWeights, Slot, SlotOwner
+from periodic_rl.rollout.workers.broadcast import BroadcastChannel
+from periodic_rl.rollout.workers.slots import PushedWeights, Slot, SlotOwner
 from periodic_rl.weight_sync.broadcast import Backend, BroadcastPlan
 from periodic_rl.weight_sync.fingerprint import adapter_fingerprint, weights_fingerprint
 from periodic_rl.weight_sync.shared_memory import SharedPush, share
@@ -67,11 +68,11 @@ class _RestartCopy:
 
 
 class WeightPushes(SlotOwner):
-    """The weight-push half of :class:`~periodic_rl.rollout.ray_rollouts.RayRollouts` (a mixin:
+    """The weight-push half of :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` (a mixin:
     the class it is mixed into owns the state it uses)."""
 
     _pushed: PushedWeights | None
-    loads_borrow_trainer_cores: bool
+    weight_load_cores: Callable[[], list[int] | None] | None
     timings: dict[str, Any]
     spans: SpanRecorder
     push_transport: str
@@ -118,7 +119,7 @@ class WeightPushes(SlotOwner):
         base: Any = shared if shared is not None else ray.put(to_payload(state_dict))
         put = time.time()
         # the workers may load on this process's cores too: it only waits for them now
-        borrow = sorted(os.sched_getaffinity(0)) if self.loads_borrow_trainer_cores else None
+        borrow = self.weight_load_cores() if self.weight_load_cores is not None else None
         calls = [
             (s, s.incarnation, s.actor.load_weights.remote([base], version, keep, borrow))
             for s in self._slots
@@ -369,8 +370,8 @@ class WeightPushes(SlotOwner):
 
     def worker_load_timings(self) -> list[dict[str, float]]:
         """Every worker's seconds of its last weight load, in worker order
-        (:meth:`~periodic_rl.rollout.worker.RolloutWorker.load_timings`: fetching the payload,
-        the engine's reload and fingerprint); for benchmarks, one round trip per worker."""
+        (:meth:`~periodic_rl.rollout.workers.worker.RolloutWorker.load_timings`: fetching the
+        payload, the engine's reload and fingerprint); for benchmarks, one round trip per worker."""
         import ray
 
         self._require_started()

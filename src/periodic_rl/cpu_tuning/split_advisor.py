@@ -4,22 +4,22 @@ The strategy asks :meth:`SplitAdvisor.step` at the start of every iteration (ran
 generating). Each *window* is ``window`` iterations measured after one of warm-up (the first
 iteration of a run, and the first after a switch, start engines and fill caches). After a
 window the advisor returns a :class:`SplitStep`: the measured rates, the plan of
-:func:`~periodic_rl.rollout.hardware_split.choose_split` (or, on GPUs, the advice of
-:func:`~periodic_rl.rollout.hardware_split.recommend_gpus`) and, with ``auto``, the split to
+:func:`~periodic_rl.cpu_tuning.hardware_split.choose_split` (or, on GPUs, the advice of
+:func:`~periodic_rl.cpu_tuning.hardware_split.recommend_gpus`) and, with ``auto``, the split to
 switch to before the next iteration:
 
 1. ``auto`` starts taking turns on every core: the synchronous run, so that a run whose
    measurements never predict a gain is exactly as fast as one with overlap off;
 2. after the first window the plan (with the efficiencies assumed,
-   :data:`~periodic_rl.rollout.hardware_split.DEFAULT_EFFICIENCY`, or those a cached run
+   :data:`~periodic_rl.cpu_tuning.hardware_split.DEFAULT_EFFICIENCY`, or those a cached run
    measured) is applied only if it is predicted faster by ``min_gain`` and, on assumed
    efficiencies, only if the run is long enough to repay a wrong guess
    (:func:`too_short_to_explore`); then the second window,
-   on the new split, fits the model (:func:`~periodic_rl.rollout.hardware_split.fit_model`:
+   on the new split, fits the model (:func:`~periodic_rl.cpu_tuning.hardware_split.fit_model`:
    one window on each core count measures how each side scales), and the final plan is applied
    if it differs from the split running (back to turn-taking when the guess was wrong).
 
-With ``cached`` (a split an earlier run chose, :mod:`~periodic_rl.rollout.split_cache`), one
+With ``cached`` (a split an earlier run chose, :mod:`~periodic_rl.cpu_tuning.split_cache`), one
 window of it is measured and logged, and nothing is explored or switched.
 
 Switching changes no number of the run: overlapped and synchronous iterations compute the same
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from periodic_rl.rollout.hardware_split import (
+from periodic_rl.cpu_tuning.hardware_split import (
     DEFAULT_EFFICIENCY,
     Candidate,
     GpuAdvice,
@@ -139,37 +139,30 @@ def too_short_to_explore(
 
 
 def log_only_advisor(
-    options: Any,
+    overlap: bool,
+    worker_cores: list[list[int]] | None,
+    lend_idle_cores: bool,
+    num_workers: int,
     trainer_cores: list[int] | None,
     machine_cores: list[int],
-    settings: Any,
-    trainer_devices: int,
     window: int,
     model: SplitModel | None = None,
-) -> SplitAdvisor | None:
+) -> SplitAdvisor:
     """The advisor of a run whose split is fixed: it measures the split running (unpinned
-    sides count as running on every core) and logs the advice once. On GPUs the advice is
-    about GPUs, when each worker has whole ones (none for workers sharing a GPU).
+    sides count as running on every core) and logs the advice once.
 
     ``model``: the knobs a ``worker_cores: auto`` run of the same workload measured (its
     cached choice); without them the parallel efficiencies are assumed, and the advice says
     so, since one window on one split cannot measure them."""
-    if settings.on_gpu:
-        per_worker = settings.gpus_per_worker
-        if per_worker < 1 or per_worker != int(per_worker):
-            return None
-        current = Candidate(options.overlap, (), (), 0.0)
-        gpus = (trainer_devices, int(per_worker))
-        return SplitAdvisor(current, None, options.num_workers, window, gpus=gpus)
-    workers = options.worker_cores or [machine_cores]
+    workers = worker_cores or [machine_cores]
     current = Candidate(
-        options.overlap,
+        overlap,
         tuple(trainer_cores or machine_cores),
         tuple(tuple(cores) for cores in workers),
         0.0,
     )
-    model = replace(model or SplitModel(), lend_idle_cores=options.lend_idle_cores)
-    return SplitAdvisor(current, machine_cores, options.num_workers, window, model=model)
+    model = replace(model or SplitModel(), lend_idle_cores=lend_idle_cores)
+    return SplitAdvisor(current, machine_cores, num_workers, window, model=model)
 
 
 @dataclass(frozen=True)

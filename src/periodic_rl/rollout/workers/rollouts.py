@@ -21,7 +21,7 @@ in ``RayRollouts.hung_restarts``). Calls the dead
 worker had already finished are kept; nothing is lost or yielded twice, and the groups equal
 those of a fault-free run (engines are seeded per group).
 
-Ray and placement (:mod:`periodic_rl.rollout.placement`): Ray is started by :meth:`start`,
+Ray and placement (:mod:`periodic_rl.rollout.workers.placement`): Ray is started by :meth:`start`,
 locally on loopback unless ``ray_address`` is given; each worker runs in its own bundle of one
 placement group, a restarted one in the same bundle.
 
@@ -35,10 +35,17 @@ import atexit
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from periodic_rl.compat.ray import actor_failed_in_init
-from periodic_rl.rollout.placement import (
+from periodic_rl.rollout.processes import gather_within, reap, remove_unused_shm
+from periodic_rl.rollout.spec import EngineSpec
+from periodic_rl.rollout.timing import SpanRecorder, worker_lane
+from periodic_rl.rollout.tuning import WorkerTuning
+from periodic_rl.rollout.types import GeneratedGroup, GroupJob
+from periodic_rl.rollout.workers.generation import StreamedGeneration
+from periodic_rl.rollout.workers.placement import (
     WorkerPlacement,
     init_ray,
     node_label,
@@ -47,18 +54,13 @@ from periodic_rl.rollout.placement import (
     worker_bundle,
     worker_runtime_env,
 )
-from periodic_rl.rollout.processes import gather_within, reap, remove_unused_shm
-from periodic_rl.rollout.ray_generation import StreamedGeneration
-from periodic_rl.rollout.ray_pushes import WeightPushes
-from periodic_rl.rollout.ray_slots import (
+from periodic_rl.rollout.workers.pushes import WeightPushes
+from periodic_rl.rollout.workers.slots import (
     PushedWeights,
     Slot,
     WorkerHungError,
 )
-from periodic_rl.rollout.spec import EngineSpec
-from periodic_rl.rollout.timing import SpanRecorder, worker_lane
-from periodic_rl.rollout.types import GeneratedGroup, GroupJob
-from periodic_rl.rollout.worker import remote_worker
+from periodic_rl.rollout.workers.worker import remote_worker
 
 __all__ = ["GeneratedGroup", "GroupJob", "RayRollouts"]
 
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 
 
 class RayRollouts(WeightPushes, StreamedGeneration):
-    """A set of :class:`~periodic_rl.rollout.worker.RolloutWorker` actors behind one API.
+    """A set of :class:`~periodic_rl.rollout.workers.worker.RolloutWorker` actors behind one API.
 
     Args:
         engine: what each worker builds.
@@ -101,9 +103,11 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         spans: where to record timing spans (a fresh :class:`SpanRecorder` by default).
         ray_init_kwargs: overrides for the local ``ray.init`` (e.g. ``num_cpus``,
             ``object_store_memory``).
-        loads_borrow_trainer_cores: each worker adds this process's cores to its own while it
-            loads a full weight push (:class:`~periodic_rl.rollout.core_loan.CoreLoan`): the
-            trainer only waits for the loads then. For workers on this machine only.
+        weight_load_cores: asked at each full weight push for the cores (the waiting
+            trainer's) each worker may add to its own while it loads it, or None
+            (:meth:`~periodic_rl.rollout.tuning.HardwareTuning.weight_load_cores`).
+        worker_tuning: what each worker runs its weight loads in (the hardware tuner's part in
+            the workers: :class:`~periodic_rl.rollout.tuning.WorkerTuning`).
     """
 
     def __init__(
@@ -127,7 +131,8 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         env_vars: dict[str, str] | None = None,
         spans: SpanRecorder | None = None,
         ray_init_kwargs: dict[str, Any] | None = None,
-        loads_borrow_trainer_cores: bool = False,
+        weight_load_cores: Callable[[], list[int] | None] | None = None,
+        worker_tuning: WorkerTuning | None = None,
     ) -> None:
         if not isinstance(engine, EngineSpec):
             raise TypeError(f"engine must be an EngineSpec, got {type(engine).__name__}")
@@ -150,7 +155,8 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         self.env_vars = dict(env_vars or {})
         self.spans = spans if spans is not None else SpanRecorder()
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
-        self.loads_borrow_trainer_cores = loads_borrow_trainer_cores
+        self.weight_load_cores = weight_load_cores
+        self.worker_tuning = worker_tuning if worker_tuning is not None else WorkerTuning()
         self._slots = [
             Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
         ]
@@ -217,7 +223,7 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         placed = self._placement.options(slot.index) if self._placement else {}  # its bundle
         slot.actor = self._actor_class.options(
             runtime_env=worker_runtime_env(self.pythonpath, self.env_vars), **placed
-        ).remote(slot.index, self.spec, slot.cores)
+        ).remote(slot.index, self.spec, slot.cores, self.worker_tuning)
         slot.incarnation += 1
         slot.in_flight = 0
         args = weights.warm_up_args() if weights is not None else (None, None)
