@@ -11,13 +11,15 @@ WHAT = {  # what each letter means (the JSON holds only the short labels)
     "c": "periodic_rl `PeriodicAsyncStrategy(overlap=False)`, one vLLM worker, "
     "`shared_prompt=False`",
     "c2": "(c') as c, with `shared_prompt=True`: packing without overlap",
-    "d": "periodic_rl `overlap=True`, `shared_prompt=True`, `trainer_cores=[0]`, "
-    "`worker_cores=[[1]]`, one-group micro-batches (the library default), "
-    "`lend_idle_cores=False` (each side on its own core throughout)",
-    "dl": "as d, with `lend_idle_cores=True` (the library's default from 2026-12-04 on): once "
+    "d": "periodic_rl `overlap=True`, `shared_prompt=True`, one-group micro-batches (the "
+    "library default), `CPUTuning(trainer_cores=[0], worker_cores=[[1]], "
+    "lend_idle_cores=False)` (each side on its own core throughout)",
+    "dl": "as d, with `CPUTuning(lend_idle_cores=True)` (the library's default from 2026-12-04 "
+    "on): once "
     "the worker has generated the iteration, the "
     "trainer also runs on core 1 (its last micro-batches, the optimizer step) until the push",
-    "e": "periodic_rl `worker_cores: auto`, `split_after: 1`, c2's micro-batch size: it starts "
+    "e": 'periodic_rl `CPUTuning(worker_cores="auto", split_after=1)`, c2\'s micro-batch '
+    "size: it starts "
     "taking turns on both cores (c2's split) and, after one measured iteration, moves to overlap "
     "(trainer core 0, worker core 1; the worker moves in place) only if its model predicts that "
     "faster, then keeps the faster of the two; the choice is cached (a fresh cache per "

@@ -198,12 +198,15 @@ def demo_settings(max_new_tokens: int = 24) -> dict[str, Any]:
     }
 
 
-def demo_parts(config: dict[str, Any], **strategy_kwargs: Any) -> tuple[Any, Any, Any]:
+def demo_parts(
+    config: dict[str, Any], tuning_kwargs: dict[str, Any] | None = None, **strategy_kwargs: Any
+) -> tuple[Any, Any, Any]:
     """The demo's run (``examples/arithmetic.yaml``: GRPO with the ``dapo`` loss, no KL) as a
     benchmark's child builds it from its ``config`` (model, dtype, engine, cores, workload):
-    ``(module, strategy, datamodule)``, without held-out rows. ``strategy_kwargs`` go to the
-    strategy (e.g. its ``checkpoint_io``)."""
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+    ``(module, strategy, datamodule)``, without held-out rows. The cores go to the strategy's
+    ``CPUTuning`` with ``tuning_kwargs`` (e.g. ``lend_idle_cores``); ``strategy_kwargs`` go to
+    the strategy (e.g. its ``checkpoint_io``)."""
+    from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 
     module = RLModule(
         model=config["model"],
@@ -224,8 +227,11 @@ def demo_parts(config: dict[str, Any], **strategy_kwargs: Any) -> tuple[Any, Any
         engine_kwargs=config["engine_kwargs"],
         num_workers=config["num_workers"],
         overlap=config["overlap"],
-        worker_cores=config["worker_cores"],
-        trainer_cores=config["trainer_cores"],
+        tuning=CPUTuning(
+            worker_cores=config["worker_cores"],
+            trainer_cores=config["trainer_cores"],
+            **(tuning_kwargs or {}),
+        ),
         **strategy_kwargs,
     )
     data = PromptDataModule(

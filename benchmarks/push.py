@@ -74,12 +74,12 @@ MODES: dict[str, dict[str, str]] = {
     # full pushes copied through Ray's object store, not read by the worker in the trainer's
     # shared memory (periodic_rl.weight_sync.shared_memory)
     "object-store": {"PERIODIC_RL_SHARED_WEIGHTS": "0"},
-    # the demo's default with each side's core loans off (lend_idle_cores: false): the worker
-    # loads pushes on its own core only, and the trainer steps on its own core only
+    # the demo's default with each side's core loans off (CPUTuning's lend_idle_cores: false):
+    # the worker loads pushes on its own core only, and the trainer steps on its own core only
     "no-loans": {},
 }
-#: Strategy arguments of a mode (the others run the demo's defaults).
-MODE_STRATEGY: dict[str, dict[str, Any]] = {"no-loans": {"lend_idle_cores": False}}
+#: ``CPUTuning`` arguments of a mode (the others run the demo's defaults).
+MODE_TUNING: dict[str, dict[str, Any]] = {"no-loans": {"lend_idle_cores": False}}
 TARGET_SHARE = 0.05  # the push at most 5% of an iteration
 #: The phases of the table, in order: (column, key in an iteration's record).
 PHASES = (
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {
         **demo_settings(args.max_new_tokens),
         "modes": {mode: MODES[mode] for mode in args.modes},
-        "mode_strategy": {m: MODE_STRATEGY[m] for m in args.modes if m in MODE_STRATEGY},
+        "mode_tuning": {m: MODE_TUNING[m] for m in args.modes if m in MODE_TUNING},
         "warmup_iterations": args.warmup,
     }
     print(f"machine: {machine['nproc']} x {machine['cpu_model']}, git {machine['git']}")
@@ -214,7 +214,7 @@ def print_iterations(iterations: list[dict[str, Any]]) -> None:
 def child_main(path: Path) -> None:
     job = json.loads(path.read_text())
     os.environ.update(MODES[job["mode"]])  # before Ray starts: its processes inherit them
-    result = run_fit(job["config"], job["schedule"], MODE_STRATEGY.get(job["mode"], {}))
+    result = run_fit(job["config"], job["schedule"], MODE_TUNING.get(job["mode"], {}))
     path.write_text(json.dumps({**job, **result}))
 
 
@@ -266,7 +266,7 @@ def add_gaps(records: list[dict[str, Any]]) -> None:
 
 
 def run_fit(
-    config: dict[str, Any], plan: list[dict[str, Any]], strategy_kwargs: dict[str, Any]
+    config: dict[str, Any], plan: list[dict[str, Any]], tuning_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
     import lightning as L
 
@@ -292,7 +292,7 @@ def run_fit(
                 last["iteration_s"] = time.perf_counter() - last["start"]
             add_gaps(self.records)
 
-    module, strategy, data = demo_parts(config, **strategy_kwargs)
+    module, strategy, data = demo_parts(config, tuning_kwargs)
     pushes = PushPlan()
     trainer = bare_trainer(strategy, len(plan), [pushes])
     began = time.time()

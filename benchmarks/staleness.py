@@ -205,7 +205,7 @@ def child_main(path: Path) -> None:
 def run_fit(config: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
 
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+    from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 
     began = time.time()
     L.seed_everything(config["seed"], verbose=False)
@@ -252,8 +252,9 @@ def run_fit(config: dict[str, Any]) -> dict[str, Any]:
         engine_kwargs=config["engine_kwargs"],
         num_workers=config["num_workers"],
         overlap=config["overlap"],
-        worker_cores=config["worker_cores"],
-        trainer_cores=config["trainer_cores"],
+        tuning=CPUTuning(
+            worker_cores=config["worker_cores"], trainer_cores=config["trainer_cores"]
+        ),
         max_staleness=config["max_staleness"],
     )
     clock = Clock()

@@ -10,10 +10,11 @@ later: a, b, c, d, then b, c, d, a, ...; each run waits for the machine to settl
            ``shared_prompt=False`` (padded training forward, like TRL's)
     c2     (c') periodic_rl synchronous with ``shared_prompt=True`` (packing, no overlap)
     d      periodic_rl periodic-async: ``overlap=True``, ``shared_prompt=True``, trainer pinned to
-           core 0 and the vLLM worker to core 1, ``lend_idle_cores=False``
-    dl     d with ``lend_idle_cores=True`` (the default): once the worker has generated the
-           iteration, the trainer also runs on core 1 until the push
-    e      periodic_rl ``worker_cores: auto`` (``split_after: 1``), c2's micro-batch size: it
+           core 0 and the vLLM worker to core 1 (``CPUTuning(trainer_cores=[0],
+           worker_cores=[[1]], lend_idle_cores=False)``)
+    dl     d with ``CPUTuning(lend_idle_cores=True)`` (the default): once the worker has
+           generated the iteration, the trainer also runs on core 1 until the push
+    e      periodic_rl ``CPUTuning(worker_cores="auto", split_after=1)``, c2's micro-batch size: it
            starts taking turns on both cores, tries overlap on 0|1 only where its model
            predicts it faster, and keeps the faster; its choice is cached (a fresh cache per
            invocation of this script: the first e run measures, the later ones start on it)

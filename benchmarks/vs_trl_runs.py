@@ -267,7 +267,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+    from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
     from periodic_rl.cpu_tuning.core_loan import LOAN_LANE
     from periodic_rl.rollout.timing import PUSH_NAMES, WAIT_NAMES, summarize
 
@@ -279,6 +279,14 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         worker_cores = [list(range(os.cpu_count() or 1))]
     if cuda:  # one GPU shared by the trainer and the worker: no core pinning
         worker_cores = trainer_cores = None
+    tuning = None  # on the GPU: the library's default (no hardware tuning)
+    if not cuda:
+        tuning = CPUTuning(
+            worker_cores=worker_cores,
+            trainer_cores=trainer_cores,
+            split_after=placement.get("split_after", 3),
+            lend_idle_cores=placement.get("lend_idle_cores", True),  # the library's default
+        )
 
     class Clock(L.Callback):
         def __init__(self) -> None:
@@ -328,10 +336,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         engine_dtype=config["vllm_dtype"],  # float32, bfloat16 or auto
         num_workers=1,
         overlap=placement["overlap"],
-        worker_cores=worker_cores,
-        trainer_cores=trainer_cores,
-        split_after=placement.get("split_after", 3),
-        lend_idle_cores=placement.get("lend_idle_cores", True),  # the library's default
+        tuning=tuning,
         gpus_per_worker=0.5 if cuda else 0.0,
         device="cuda:0" if cuda else "cpu",
     )
@@ -364,6 +369,8 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         other.append(duration - s["wall_time"])  # outside every span: Lightning, prompt encoding
         lent.append(sum(x.duration for x in spans if x.lane == LOAN_LANE))
     first = clock.stats[0]
+    # engine_dtype: auto's measured choice (CPUTuning's; no tuner chooses one on the GPU)
+    dtype_choice = getattr(strategy.tuning, "engine_dtype_choice", None)
     return {
         "startup_s": clock.begin[0] - began,
         "step_begin": clock.begin,
@@ -386,14 +393,8 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         "trainer_affinity": sorted(os.sched_getaffinity(0)),
         "worker_cores": worker_cores,
         "trainer_cores": trainer_cores,
-        "engine_dtype": (
-            strategy.engine_dtype_choice.dtype
-            if strategy.engine_dtype_choice is not None
-            else config["vllm_dtype"]
-        ),
-        "engine_dtype_rates": (
-            strategy.engine_dtype_choice.rates if strategy.engine_dtype_choice is not None else {}
-        ),
+        "engine_dtype": dtype_choice.dtype if dtype_choice is not None else config["vllm_dtype"],
+        "engine_dtype_rates": dtype_choice.rates if dtype_choice is not None else {},
         "split": {
             k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("split/")
         },

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import docstring_parser
 
-from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.callbacks import (
     FitReport,
     HFExport,
@@ -27,6 +27,7 @@ SECTIONS = [
     ("model", RLModule),
     ("data", PromptDataModule),
     ("trainer.strategy", PeriodicAsyncStrategy),
+    ("trainer.strategy.init_args.tuning", CPUTuning),
     ("trainer.callbacks", RLMetrics),
     ("trainer.callbacks", RolloutSamples),
     ("trainer.callbacks", PipelineTimeline),

@@ -27,7 +27,7 @@ class CheckpointDiskFullError(OSError):
 class _RecordingWriter:
     """A file's ``write`` and ``flush`` that remember the ``OSError`` either raised: torch.save's
     zip writer reports a failed write as ``RuntimeError: ... unexpected pos``, without the
-    errno (measured with torch 2.x on a full tmpfs)."""
+    errno (torch 2.x)."""
 
     def __init__(self) -> None:
         self.handle: Any = None

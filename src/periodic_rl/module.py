@@ -212,7 +212,7 @@ class RLModule(L.LightningModule):
         self.save_hyperparameters(ignore=["reward_funcs"])
         self.automatic_optimization = False
         self.strict_loading = lora is None  # LoRA checkpoints hold the adapter only
-        self._reward_specs = list(reward_funcs or [])
+        self.reward_specs = list(reward_funcs or [])  # callables or dotted paths
         self.model_path = resolve_model(model)
         self.policy: Any = None
         self.reference: Any = None

@@ -56,7 +56,7 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     """The module's rewards: ``reward_funcs`` (plus ``reward_model``), else the data source's
     task rewards, else the module's own :meth:`reward`."""
     h = module.hparams
-    funcs = [resolve_reward(spec) for spec in module._reward_specs]
+    funcs = [resolve_reward(spec) for spec in module.reward_specs]
     weights = list(h.reward_weights or [])
     if h.reward_model:  # scores on the training device
         trainer = attached_trainer(module)

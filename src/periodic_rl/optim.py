@@ -2,7 +2,7 @@
 
 AdamW over the trainable parameters (torch's fused kernel where every parameter and the precision
 plugin allow it, ``bf16-mixed`` included: one pass over each tensor instead of one per
-arithmetic operation, ~5x faster on the CPU for a 135M model; transformers'
+arithmetic operation; transformers'
 ``adamw_torch_fused`` default), with one of transformers' schedules
 (``transformers.get_scheduler``: ``linear``, ``cosine``, ``cosine_with_min_lr``,
 ``constant_with_warmup``, ``polynomial``, ...), the ones TRL's ``lr_scheduler_type`` names. The

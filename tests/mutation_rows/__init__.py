@@ -7,12 +7,19 @@ ids relative to the repository root.
 
 from __future__ import annotations
 
+from mutation_rows.architecture import ROWS as ARCHITECTURE_ROWS
 from mutation_rows.base import Mutation
 from mutation_rows.rollout import ROWS as ROLLOUT_ROWS
 from mutation_rows.split import ROWS as SPLIT_ROWS
 from mutation_rows.strategies import ROWS as STRATEGY_ROWS
 from mutation_rows.training import ROWS as TRAINING_ROWS
 
-MUTATIONS: list[Mutation] = [*TRAINING_ROWS, *ROLLOUT_ROWS, *SPLIT_ROWS, *STRATEGY_ROWS]
+MUTATIONS: list[Mutation] = [
+    *TRAINING_ROWS,
+    *ROLLOUT_ROWS,
+    *SPLIT_ROWS,
+    *STRATEGY_ROWS,
+    *ARCHITECTURE_ROWS,
+]
 
 __all__ = ["MUTATIONS", "Mutation"]

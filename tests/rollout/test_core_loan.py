@@ -163,7 +163,7 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
     spans = lent[2].spans
     iterations = spans.iterations()
     assert lent[2].tuning.loan.loans == len(iterations) == 3
-    assert plain[2].rollouts.core_loan.loans == 0
+    assert plain[2].tuning.loan.loans == 0
     assert os.sched_getaffinity(0) == {CORES[0]}  # given back: the run ends on its own core
     for iteration in iterations:
         own = spans.spans(iteration)
@@ -171,4 +171,41 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
         generated = max(s.end for s in own if s.lane.startswith(WORKER_LANE_PREFIX))
         (push,) = [s for s in own if s.name == "weight push" and s.lane == "trainer"]
         assert generated <= loan.start <= loan.end <= push.start, iteration
+    assert max_diff(plain[0], lent[0]) <= ORDER_TOLERANCE
+
+
+@needs_two_cores
+def test_with_bounded_staleness_loans_fall_while_the_workers_wait_and_change_no_update(
+    tiny_llama_path, local_ray
+):
+    """max_staleness 1 on 1 + 1 cores: the worker generates ahead, then waits for the weights of
+    the next version; the trainer borrows its core only while it waits (no span of the worker
+    overlaps a loan), and the update matches a run that never borrowed."""
+
+    def run(lend: bool) -> tuple:
+        os.sched_setaffinity(0, set(CORES))
+        strategy = {
+            "engine": "hf",
+            "num_workers": 1,
+            "groups_per_call": 1,
+            "overlap": True,
+            "max_staleness": 1,
+            "worker_cores": [CORES[1:]],
+            "trainer_cores": [CORES[0]],
+            "lend_idle_cores": lend,
+        }
+        return train(tiny_llama_path, steps=4, strategy=strategy)
+
+    plain, lent = run(False), run(True)
+    assert plain[2].tuning.loan.loans == 0
+    assert lent[2].tuning.loan.loans >= 1
+    assert os.sched_getaffinity(0) == {CORES[0]}  # given back: the run ends on its own core
+    spans = lent[2].spans.spans()  # all of them, whichever iteration they were recorded in
+    loans = [s for s in spans if s.lane == LOAN_LANE]
+    worker = [s for s in spans if s.lane.startswith(WORKER_LANE_PREFIX)]
+    assert loans and worker
+    overlapping = [
+        (w, loan) for w in worker for loan in loans if w.start < loan.end and loan.start < w.end
+    ]
+    assert overlapping == []
     assert max_diff(plain[0], lent[0]) <= ORDER_TOLERANCE

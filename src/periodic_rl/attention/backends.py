@@ -19,8 +19,8 @@ A backend takes ``q [1, H, L, D]`` and ``k, v [1, Hkv, L, D]`` (transformers' la
 and returns ``[1, L, H, D]`` (what transformers' attention functions return).
 
 On the CPU, ``sdpa`` and ``split`` compute in float32 when given bf16/fp16 (a bf16 model, or
-autocast) and cast the output back: torch's CPU attention kernels run half precision 2-3x slower
-than float32 (SmolLM2-135M shapes, forward and backward), and float32 is the more exact of the two.
+autocast) and cast the output back: torch's CPU attention kernels run half precision slower than
+float32, and float32 is the more exact of the two.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _any_device(device: torch.device) -> str | None:
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
     """SDPA with grouped-query heads: native ``enable_gqa`` on the CPU (its flash kernel takes it
-    with a mask; measured 2-4x faster than repeating K/V), repeated K/V elsewhere (CUDA's
+    with a mask, and faster than repeating K/V), repeated K/V elsewhere (CUDA's
     memory-efficient kernel, the one that takes a mask, has no GQA)."""
     rep = q.shape[1] // k.shape[1]
     native = rep > 1 and q.device.type == "cpu"

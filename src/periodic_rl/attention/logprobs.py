@@ -50,13 +50,12 @@ def _needs_backward(model: torch.nn.Module) -> bool:
 class _SelectedLogProbs(torch.autograd.Function):
     """``log softmax(x)[rows, targets]`` for a few (row, target) pairs of ``x [K, V]``.
 
-    Why not ``x.log_softmax(-1)[rows, targets]``: that materialises a second ``[K, V]`` tensor
-    and its backward makes several full passes. Here the forward keeps only the per-row
-    log-normaliser, and the backward writes ``-softmax(x) * (sum of row grads)`` plus the one-hot
-    terms in one pass per chunk of rows (chunks stay in cache). On the CPU this made the
-    log-prob step about 3x faster than ``logsumexp`` + autograd; it is the same in both
-    layouts, so it also keeps the packed/padded speed-up from being drowned by the vocab
-    projection. Entropy comes out of the same pass, detached.
+    Why not ``x.log_softmax(-1)[rows, targets]``: that materialises a second ``[K, V]`` tensor and
+    its backward makes several full passes. Here the forward keeps only the per-row log-normaliser,
+    and the backward writes ``-softmax(x) * (sum of row grads)`` plus the one-hot terms in one pass
+    per chunk of rows (chunks stay in cache), far cheaper than ``logsumexp`` + autograd. The step is
+    the same in both layouts, so this also keeps the packed/padded speed-up from being drowned by
+    the vocab projection. Entropy comes out of the same pass, detached.
     """
 
     @staticmethod

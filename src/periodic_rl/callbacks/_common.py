@@ -15,9 +15,39 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from periodic_rl.iteration import IterationStats
 from periodic_rl.rollout.timing import SpanRecorder
+
+
+@runtime_checkable
+class RunRecords(Protocol):
+    """What the callbacks read of the LightningModule (``RLModule`` has both): the record of the
+    iteration that just ended and every held-out evaluation so far."""
+
+    last_iteration: IterationStats | None
+
+    @property
+    def eval_history(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class RecordsSpans(Protocol):
+    """A strategy that records where an iteration's time goes (the periodic-async ones)."""
+
+    @property
+    def spans(self) -> SpanRecorder: ...
+
+
+def last_iteration(module: Any) -> IterationStats | None:
+    """The record of the iteration that just ended (None from a module that keeps none)."""
+    return module.last_iteration if isinstance(module, RunRecords) else None
+
+
+def eval_history(module: Any) -> list[dict[str, Any]]:
+    """Every held-out evaluation of the run so far (empty from a module that keeps none)."""
+    return list(module.eval_history) if isinstance(module, RunRecords) else []
 
 
 def run_dir(trainer: Any) -> Path:
@@ -33,14 +63,14 @@ def finished_iteration(trainer: Any) -> int:
     :class:`SpanRecorder` tags spans with): with one optimizer step per iteration, the trainer's
     ``global_step`` has already counted it; with ``num_iterations`` steps, the module says.
     """
-    stats = getattr(trainer.lightning_module, "last_iteration", None)
+    stats = last_iteration(trainer.lightning_module)
     return stats.policy_version if stats is not None else trainer.global_step - 1
 
 
 def span_recorder(trainer: Any) -> SpanRecorder | None:
     """The strategy's timing spans, or None when the strategy records none."""
-    spans = getattr(trainer.strategy, "spans", None)
-    return spans if isinstance(spans, SpanRecorder) else None
+    strategy = trainer.strategy
+    return strategy.spans if isinstance(strategy, RecordsSpans) else None
 
 
 def _umask() -> int:

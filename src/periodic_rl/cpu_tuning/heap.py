@@ -7,8 +7,7 @@ logits of a micro-batch, the weight gradients. Each time, the kernel maps and ze
 one 4 KiB fault at a time, which costs more than the arithmetic on them, and more still inside a
 virtual machine. :func:`keep_freed_memory` turns that off for the calling process: big
 allocations come from the heap too, and the heap keeps what is freed for the next step's
-allocations. ``benchmarks/train_step.py`` measures the step time and the page faults per step
-with and without it.
+allocations (docs/benchmarks.md).
 
 The cost: the process's resident memory stays near its peak instead of shrinking between steps.
 """

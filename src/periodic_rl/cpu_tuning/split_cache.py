@@ -1,7 +1,7 @@
 """The split ``worker_cores: auto`` chose, remembered per machine and workload.
 
-Exploring the split costs a run time: each switch restarts the rollout workers (26-44 s with
-vLLM on the 2-core development machine), which a short run never earns back. So a run that
+Exploring the split costs a run time: each switch restarts the rollout workers (each builds its
+engine again), which a short run never earns back. So a run that
 explored writes its final choice here (:meth:`SplitCache.remember`), and the next run with the
 same key (:func:`cache_key`: the CPU, this process's core ids, the workers, the model's shape,
 the workload and the versions) starts directly on that split: its

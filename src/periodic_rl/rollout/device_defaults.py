@@ -8,7 +8,7 @@ and what the user set always wins.
 setting                    CPU                      GPU (training device ``cuda``)
 =========================  =======================  =========================================
 vLLM ``dtype``             ``float32``              ``bfloat16``
-vLLM ``enforce_eager``     ``True`` (start ~5 s)    ``False`` (CUDA graphs)
+vLLM ``enforce_eager``     ``True`` (fast start)    ``False`` (CUDA graphs)
 vLLM ``kv_cache_gb``       ``1``                    unset: ``gpu_memory_utilization`` sizes it
 vLLM ``gpu_memory_util.``  (not used)               ``0.9`` on its own GPU, ``0.3`` on a GPU
                                                     shared with a training rank

@@ -12,8 +12,8 @@ def weights_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str:
     """Hash of every tensor's name, dtype, shape and bytes, in name order.
 
     Two processes that hold bit-identical weights get the same string; any changed bit changes it.
-    XXH3-128 rather than a cryptographic hash: it is not guarding against an adversary, it runs
-    on the weight push's critical path, and it hashes 540 MB in ~0.04 s where blake2b takes ~0.5 s.
+    XXH3-128 rather than a cryptographic hash: it is not guarding against an adversary, and it
+    runs on the weight push's critical path, where a non-cryptographic hash is many times faster.
     """
     digest = xxhash.xxh3_128()
     for name in sorted(state_dict):

@@ -1,13 +1,12 @@
 """Full weight pushes to rollout workers on this machine through shared memory: no copy.
 
 Through Ray's object store a push copies every tensor into the store before any worker can load
-it (538 MB for SmolLM2-135M in fp32: about 0.1 s, now and then several times that while the
-store makes room). To workers on this machine, :func:`share` sends instead where each tensor
-lies: the storages of the pushed tensors move once into shared memory (torch's file-descriptor
-sharing, in place: the policy's parameters keep training there, at no cost per step), and each
-push describes them (the trainer's file descriptor and its inode, byte offset, dtype, shape).
-A worker's :class:`SharedWeightsReader` maps each file read-only (once, kept between pushes)
-and hands the engine views of it.
+it (taking longer whenever the store has to make room). To workers on this machine,
+:func:`share` sends instead where each tensor lies: the storages of the pushed tensors move once
+into shared memory (torch's file-descriptor sharing, in place: the policy's parameters keep
+training there, at no cost per step), and each push describes them (the trainer's file
+descriptor and its inode, byte offset, dtype, shape). A worker's :class:`SharedWeightsReader`
+maps each file read-only (once, kept between pushes) and hands the engine views of it.
 
 Safe because nothing writes the pushed tensors while a worker reads them: a push returns once
 every worker has loaded and fingerprinted them (the fingerprint covers what it read), and the

@@ -1,7 +1,7 @@
 """The weights transport between the trainer and the Ray rollout workers.
 
 Weights travel as one Ray object holding a dict of numpy arrays (:func:`to_payload`):
-``ray.put`` of numpy views is ~6x faster than of torch tensors, and every worker on a node reads
+``ray.put`` of numpy views is much faster than of torch tensors, and every worker on a node reads
 the same shared-memory copy, turned back into tensors without copying (:func:`from_payload`).
 
 Imports no torch at the top: the rollout worker imports this module before it pins its cores

@@ -35,9 +35,9 @@ VLLM_DEFAULT_KV_CACHE_GB = 1.0
 #: The KV-cache block (tokens) :class:`~periodic_rl.rollout.engines.vllm_engine.VLLMEngine` gives
 #: vLLM on the CPU (vLLM's own default there is 128; its CPU attention takes multiples of 32);
 #: ``engine_kwargs.block_size`` overrides it. vLLM shares only whole blocks of a prompt between
-#: the requests of one step, so with 128-token blocks a group of G samples of a 47-token prompt
-#: prefilled it G times: 2.0 s of a 3.7-4.1 s generation of 4 prompts x 8 samples x 24 tokens
-#: (SmolLM2-135M fp32, 2 cores); with 32-token blocks, 0.7 s of 2.5 s.
+#: the requests of one step, so with 128-token blocks a group of G samples of a short prompt
+#: prefills it G times; smaller blocks let the group share all but the prompt's last partial
+#: block.
 VLLM_CPU_BLOCK_SIZE = 32
 _GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}

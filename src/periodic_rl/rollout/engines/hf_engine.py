@@ -180,7 +180,7 @@ class HFEngine(InferenceEngine):
         if self.pad_token_id is None:
             self.pad_token_id = self.eos_token_ids[0]
         self._names = WeightNames.of_model(self.model)
-        self._fingerprint: str | None = None  # computed lazily: hashing 135M params takes ~0.5 s
+        self._fingerprint: str | None = None  # computed lazily: hashing every parameter is not free
 
     def generate(
         self, requests: list[GenerationRequest], sampling: SamplingConfig

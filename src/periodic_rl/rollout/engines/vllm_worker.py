@@ -106,9 +106,8 @@ def tied_aliases(worker: Any, state_dict: dict[str, torch.Tensor]) -> set[str]:
     too, and vLLM's model ties both names to one parameter (a tied ``lm_head.weight``).
 
     Fed twice, vLLM's reload processes the embedding twice (a fresh copy and, on the CPU, a
-    oneDNN repack of the whole vocabulary each time: one of the three such packs of a
-    SmolLM2 push). The fingerprint still covers such a name, read back from the tied
-    parameter after the reload."""
+    oneDNN repack of the whole vocabulary each time). The fingerprint still covers such a name,
+    read back from the tied parameter after the reload."""
     params = dict(worker_model(worker).named_parameters(remove_duplicate=False))
     first: dict[tuple, str] = {}
     tied = set()

@@ -125,7 +125,7 @@ class WeightPushes(SlotOwner):
             for s in self._slots
         ]
         # Hashed after the put, while the workers load: the put has this process's cores to
-        # itself (a hash thread during the put took its share of them), and the workers' loads
+        # itself (a hash thread during the put would take its share of them), and the workers' loads
         # take far longer than the hash, which is done before the first of them reports.
         try:
             expected = weights_fingerprint(state_dict)

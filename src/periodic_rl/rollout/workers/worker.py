@@ -4,8 +4,8 @@ The class is plain Python; :func:`remote_worker` turns it into a Ray actor class
 resources at the moment :class:`~periodic_rl.rollout.workers.rollouts.RayRollouts` starts (nothing
 here touches Ray at import). The module imports neither torch nor vLLM at the top: a worker
 must pin its CPU cores and set its thread and vLLM environment variables *before* those
-libraries start their thread pools (an unpinned worker and trainer on the same cores both ran
-2-3x slower; docs/troubleshooting.md, "Cores and memory").
+libraries start their thread pools (an unpinned worker and trainer on the same cores slow each
+other down; docs/troubleshooting.md, "Cores and memory").
 The pinning, and the cleanup of what a worker's processes leave behind, are in
 :mod:`periodic_rl.rollout.processes`.
 
