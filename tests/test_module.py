@@ -109,10 +109,13 @@ class SlowRollouts:
 class AtTheError(L.Callback):
     """What was still running when Lightning first saw the training step's error."""
 
+    def __init__(self) -> None:
+        self.before = set(threading.enumerate())  # other tests' threads are not this run's
+
     def on_exception(self, trainer, pl_module, exception):
         rollouts = trainer.strategy.rollouts.backend
         self.generated = rollouts.generated
-        threads = threading.enumerate()
+        threads = set(threading.enumerate()) - self.before
         self.producers_alive = [t for t in threads if t.name == "periodic-rl-rollouts"]
 
 

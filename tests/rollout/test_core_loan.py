@@ -14,6 +14,7 @@ import pytest
 import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, max_diff, train
 
+from periodic_rl.cpu_tuning import CPUWorkerTuning
 from periodic_rl.cpu_tuning.core_loan import LOAN_LANE, CoreLoan, lend_once_ready
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.timing import WORKER_LANE_PREFIX
@@ -126,7 +127,7 @@ class LoadCores(RecordingModule):
 def test_a_worker_loads_on_borrowed_cores_and_hands_them_back(tiny_llama_path):
     """A worker on one core, given the other for a load, loads on both, then runs on its own
     core with its own thread count again."""
-    worker = RolloutWorker(0, EngineSpec("hf", tiny_llama_path))
+    worker = RolloutWorker(0, EngineSpec("hf", tiny_llama_path), tuning=CPUWorkerTuning())
     payload = to_payload(worker.engine.model.state_dict())
     os.sched_setaffinity(0, {CORES[1]})
     torch.set_num_threads(1)

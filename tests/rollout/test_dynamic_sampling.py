@@ -30,12 +30,14 @@ from periodic_rl.rollout.dynamic_sampling import (
 )
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import (
+    PipelineStopped,
     RolloutPipeline,
     RolloutRequest,
     RolloutSchedule,
+    Tagged,
     WeightsRecord,
 )
-from periodic_rl.rollout.producer import EndOfIteration, IterationPlan, produce, receive
+from periodic_rl.rollout.producer import EndOfIteration, IterationPlan, produce
 from periodic_rl.rollout.ranks import SingleRank
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
@@ -280,30 +282,41 @@ def test_the_bound_ends_an_iteration_that_cannot_be_filled():
 
 def test_other_ranks_receive_the_report():
     kept, report, groups = run(originals(4), [0, 0, 1, 1], {0})
-    stream: GroupStream[RolloutGroup] = GroupStream()
 
     class Inbox:
+        """Rank 1's link: what rank 0's pipeline sends it for iteration 0, then its end."""
+
         rank, world_size = 1, 2
-        items = [*groups[1], EndOfIteration(None, report)]
+        items = [Tagged(0, g) for g in (*groups[1], EndOfIteration(None, report))]
+        items.append(PipelineStopped())
 
         def recv(self):
             return self.items.pop(0)
 
-    receive(stream, Inbox())
-    assert sorted(g.index for g in stream.drain()) == kept[1] and stream.summary == report
+    pipeline = RolloutPipeline(RolloutSchedule(0), WeightsRecord(0, 0, "fp"), Inbox())
+    try:
+        stream = pipeline.stream(0)
+        assert sorted(g.index for g in stream.drain(timeout=60)) == kept[1]
+        assert stream.summary == report
+    finally:
+        pipeline.close()
 
 
 def test_the_controller_passes_the_request_through_and_reports():
     controller = RolloutController(RolloutOptions(use_ray=False, overlap=False))
     controller.backend = ShuffledBackend(5)
     dynamic = DynamicSampling(spares_after(4), max_spares=8)
-    trained = [
-        g.index
-        for batch in controller.micro_batches(
-            RolloutRequest(0, originals(4), [0] * 4, SAMPLING, scorer({1, 2}), None, dynamic), N
-        )
-        for g in batch
-    ]
+    try:
+        trained = [
+            g.index
+            for batch in controller.micro_batches(
+                RolloutRequest(0, originals(4), [0] * 4, SAMPLING, scorer({1, 2}), None, dynamic),
+                N,
+            )
+            for g in batch
+        ]
+    finally:
+        controller.shutdown()
     assert sorted(trained) == [0, 3, 4, 5]
     assert dynamic.report is not None and dynamic.report.spares_used == 2
 

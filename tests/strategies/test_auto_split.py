@@ -77,7 +77,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
         "fit_model",
         lambda windows, base: favours_overlap if len(windows) == 1 else favours_turns,
     )
-    with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
+    with caplog.at_level(logging.INFO, logger="periodic_rl.cpu_tuning.plugin"):
         auto = train(tiny_llama_path, steps=5, strategy=_strategy(worker_cores="auto"))
     assert_same_update(fixed, auto, "auto split against a fixed one")
     assert moves == [
@@ -99,7 +99,7 @@ def test_auto_split_switches_twice_and_trains_as_a_fixed_split(
 
     caplog.clear()
     os.sched_setaffinity(0, CORES)
-    with caplog.at_level(logging.INFO, logger="periodic_rl.strategies.rollouts_mixin"):
+    with caplog.at_level(logging.INFO, logger="periodic_rl.cpu_tuning.plugin"):
         again = train(tiny_llama_path, steps=3, strategy=_strategy(worker_cores="auto"))
     assert len(moves) == 2  # no switch
     strategy = again[2]
@@ -188,4 +188,4 @@ def test_worker_cores_auto_from_yaml(tmp_path, capsys):
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "worker_cores: auto" in printed and "split_after: 2" in printed
-    assert "class_path: periodic_rl.cpu_tuning.plugin.CPUTuning" in printed
+    assert "class_path: periodic_rl.CPUTuning" in printed and "lend_idle_cores: true" in printed

@@ -10,7 +10,6 @@ trainer) writes: nothing depends on timing or on which worker finishes first.
 
 import os
 import signal
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,8 @@ import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
 
 from periodic_rl import PeriodicAsyncStrategy, RLModule, StaleRolloutError
-from periodic_rl.rollout.controller import RolloutController
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
+from periodic_rl.weight_sync.push import WeightPusher
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 ROLLOUT_TESTS = str(Path(__file__).resolve().parents[1] / "rollout")
@@ -148,21 +147,20 @@ def test_batch_scaled_advantages_overlapped_equal_synchronous(tiny_llama_path, l
     assert max_diff(sync[0], group_scaled[0]) > 1e-4  # the batch scaling did something
 
 
-class _LostPushController(RolloutController):
+class _LostPusher(WeightPusher):
     """A weight push that never reached the engine after the first optimizer step (the
     version moved on, the engine still holds version 0)."""
 
-    def push(self, policy, gathered=nullcontext) -> str:
-        if self.version == 0:
-            return super().push(policy, gathered)
-        self.fingerprint += "-unconfirmed"
-        return self.fingerprint
+    def push(self, backend, policy, version):
+        if version == 0:
+            return super().push(backend, policy, version)
+        return "full", "lost-push-unconfirmed"
 
 
 class _LostPushStrategy(PeriodicAsyncStrategy):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.rollouts = _LostPushController(self.rollouts.options, self.rollouts.spans)
+        self.rollouts.pusher = _LostPusher(self.rollouts.options.adapter_pushes)
 
 
 def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
@@ -170,26 +168,24 @@ def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
         train(tiny_llama_path, steps=3, strategy_cls=_LostPushStrategy)
 
 
-class _OtherWeightsController(RolloutController):
+class _OtherWeightsPusher(WeightPusher):
     """After the first step, loads the engine with other weights than the policy's under the
-    right version number, and records the fingerprint of the policy's own: a push that reports
+    right version number, and reports the fingerprint of the policy's own: a push that reports
     success for weights the engine does not hold. Only the fingerprint can tell."""
 
-    def push(self, policy, gathered=nullcontext) -> str:
-        if self.version == 0:
-            return super().push(policy, gathered)
+    def push(self, backend, policy, version):
+        if version == 0:
+            return super().push(backend, policy, version)
         state = policy.rollout_state_dict()
         name = sorted(state)[0]
-        other = {**state, name: state[name] + 1e-3}
-        self.backend.push_weights(other, self.version)
-        self.fingerprint = weights_fingerprint(state)
-        return self.fingerprint
+        backend.push_weights({**state, name: state[name] + 1e-3}, version)
+        return "full", weights_fingerprint(state)
 
 
 class _OtherWeightsStrategy(PeriodicAsyncStrategy):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.rollouts = _OtherWeightsController(self.rollouts.options, self.rollouts.spans)
+        self.rollouts.pusher = _OtherWeightsPusher(self.rollouts.options.adapter_pushes)
 
 
 def test_rollout_from_other_weights_of_the_current_version_is_refused(tiny_llama_path):

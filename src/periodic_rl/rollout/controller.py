@@ -396,9 +396,10 @@ class RolloutController:
             if current.dynamic is not None:
                 current.dynamic.report = stream.summary
         finally:
-            pipeline.forget(current.iteration)
             self._submitted.pop(current.iteration, None)
-            if not drained:  # the training step failed: stop generating
+            if drained:
+                pipeline.forget(current.iteration)
+            else:  # the training step failed: stop generating (this iteration's too)
                 self.close_pipeline()
 
     def call_size(self, groups: int) -> int | None:

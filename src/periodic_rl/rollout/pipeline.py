@@ -40,7 +40,6 @@ from periodic_rl.rollout.producer import (
     RemoteRolloutError,
     ScoreFn,
     produce,
-    start_thread,
 )
 from periodic_rl.rollout.ranks import RankLink
 from periodic_rl.rollout.stream import GroupStream
@@ -148,6 +147,13 @@ class PipelineStopped:
     """Rank 0's pipeline ended (``error`` when it failed); nothing more comes."""
 
     error: str | None = None
+
+
+def start_thread(target: Callable[[], None]) -> threading.Thread:
+    """A daemon thread running ``target()``, started (the pipeline's, one per rank)."""
+    thread = threading.Thread(target=target, name="periodic-rl-rollouts", daemon=True)
+    thread.start()
+    return thread
 
 
 class PipelineClosed(RuntimeError):

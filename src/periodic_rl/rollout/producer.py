@@ -1,11 +1,12 @@
-"""The rollout threads of one iteration: generate and score on rank 0, receive on the others.
+"""One iteration's rollouts on rank 0: generate, score, and route each group to its rank.
 
-:func:`produce` runs on rank 0 in a background thread: it asks the backend for every group of
+:func:`produce` runs on rank 0 in the pipeline's thread
+(:class:`~periodic_rl.rollout.pipeline.RolloutPipeline`): it asks the backend for every group of
 the iteration (all ranks' prompts), scores each group as it finishes, and hands it to the rank
 that owns it: its own groups go into the local :class:`GroupStream`, the others' are sent over
-the :class:`RankLink`. :func:`receive` runs on every other rank and fills that rank's stream
-from what rank 0 sends. Each rank's stream ends with an :class:`EndOfIteration` (carrying the
-producer's error, if any), so no rank waits for groups that will never come.
+the :class:`RankLink` (every other rank's pipeline thread files them). Each rank's stream ends
+with an :class:`EndOfIteration` (carrying the producer's error, if any), so no rank waits for
+groups that will never come.
 
 With dynamic sampling (``IterationPlan.dynamic``, :mod:`periodic_rl.rollout.dynamic_sampling`)
 :func:`produce` drops the groups whose rewards are all equal, hands spare jobs to the backend
@@ -16,7 +17,6 @@ iteration's :class:`~periodic_rl.rollout.dynamic_sampling.SamplingReport` with i
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
@@ -188,28 +188,3 @@ def _route(group: RolloutGroup, rank: int, stream: GroupStream, link: RankLink) 
         stream.put(group)
     else:
         link.send(rank, group)
-
-
-def receive(stream: GroupStream, link: RankLink) -> None:
-    """Fill this rank's ``stream`` with the groups rank 0 sends, until the iteration ends (the
-    rollout thread of every rank but 0). After a local cancel, groups are read and dropped so
-    that the next iteration starts on a clean channel."""
-    try:
-        while True:
-            item = link.recv()
-            if isinstance(item, EndOfIteration):
-                if item.error is not None:
-                    stream.error(RemoteRolloutError(f"rollouts failed on rank 0: {item.error}"))
-                stream.summary = item.summary
-                stream.close()
-                return
-            stream.put(item)  # ignored once cancelled
-    except BaseException as exc:
-        stream.error(exc)
-
-
-def start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
-    """A daemon thread running ``target(*args)``, started."""
-    thread = threading.Thread(target=target, args=args, name="periodic-rl-rollouts", daemon=True)
-    thread.start()
-    return thread
