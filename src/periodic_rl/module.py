@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, closing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -50,6 +50,12 @@ from periodic_rl.weight_sync.export import (
     lora_base_state_dict,
     policy_state_dict,
 )
+
+if TYPE_CHECKING:
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+    from lightning.pytorch.utilities.types import OptimizerLRScheduler
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class RLModule(L.LightningModule):
@@ -214,9 +220,9 @@ class RLModule(L.LightningModule):
         self.strict_loading = lora is None  # LoRA checkpoints hold the adapter only
         self.reward_specs = list(reward_funcs or [])  # callables or dotted paths
         self.model_path = resolve_model(model)
-        self.policy: Any = None
-        self.reference: Any = None
-        self.tokenizer: Any = None
+        self.policy: PreTrainedModel | PeftModel | None = None  # from configure_model
+        self.reference: PreTrainedModel | None = None  # a frozen copy, when one is needed
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.scorer: Scorer | None = None
         self.held_out = HeldOutEvaluation()
         self.loaded_policy_version = 0  # the checkpoint's, for trainer.validate
@@ -253,7 +259,7 @@ class RLModule(L.LightningModule):
             check_data_and_model(self, source, trainer.strategy if trainer else None)
             probe_rewards(self, source.train[0])
 
-    def configure_optimizers(self) -> Any:
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         """AdamW, with the ``lr_scheduler`` schedule (:mod:`periodic_rl.optim`). Override it to
         use another optimizer or schedule: training_step steps every scheduler returned."""
         return optim.configure_optimizers(self)
@@ -346,7 +352,7 @@ class RLModule(L.LightningModule):
         stats.finished = time.perf_counter()
         self.last_iteration = stats  # logged by the RLMetrics callback
 
-    def _update(self, optimizer: Any, stats: IterationStats) -> None:
+    def _update(self, optimizer: LightningOptimizer, stats: IterationStats) -> None:
         """One optimizer step on the summed gradients of the iteration's micro-batches."""
         tokens = stats.loss_tokens(self.hparams.mask_truncated_completions)
         self._normalise_gradients(self.rollout_strategy(), optimizer, stats.num_sequences, tokens)
@@ -366,7 +372,11 @@ class RLModule(L.LightningModule):
         return backward_micro_batch(self, groups, first)
 
     def _normalise_gradients(
-        self, strategy: RolloutStrategy, optimizer: Any, num_sequences: int, num_tokens: int
+        self,
+        strategy: RolloutStrategy,
+        optimizer: LightningOptimizer,
+        num_sequences: int,
+        num_tokens: int,
     ) -> None:
         """Divide the summed gradients by the whole iteration's normaliser (its sequences or
         tokens over every rank), so that the update does not depend on how the iteration was

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from periodic_rl.rollout.controller import PromptShare
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+
+if TYPE_CHECKING:
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+    from torch.optim import Optimizer
 
 
 @runtime_checkable
@@ -74,4 +78,8 @@ class RolloutStrategy(Protocol):
         ahead: Sequence[RolloutRequest] = (),
     ) -> Iterator[list[RolloutGroup]]: ...
 
-    def divide_gradients(self, optimizer: Any, denominator: float) -> None: ...
+    def divide_gradients(
+        self, optimizer: Optimizer | LightningOptimizer, denominator: float
+    ) -> None:
+        """Divide the summed gradients by the iteration's loss normaliser."""
+        ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -33,6 +33,11 @@ from periodic_rl.rollout.ranks import rank_link
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.tuning import HardwareTuning, default_tuning
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+    from torch.optim import Optimizer
 
 ROLLOUT_ARGS_DOC = """
         engine: ``vllm``, ``hf``, or ``package.module:Class`` of your own ``InferenceEngine``.
@@ -156,7 +161,7 @@ class RolloutsMixin:
             self.tuning.configure(self)
         return self.tuning
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: Trainer) -> None:
         self.choose_tuning()
         pending = self.engine_dtype_pending
         if pending and self.global_rank == 0:  # type: ignore[attr-defined]
@@ -217,7 +222,9 @@ class RolloutsMixin:
         strategies override it (:mod:`periodic_rl.weight_sync.gather`)."""
         return nullcontext()
 
-    def divide_gradients(self, optimizer: Any, denominator: float) -> None:
+    def divide_gradients(
+        self, optimizer: Optimizer | LightningOptimizer, denominator: float
+    ) -> None:
         """Divide the accumulated gradients of ``optimizer``'s parameters by ``denominator``
         (the iteration's loss normaliser, known only once every micro-batch is in)."""
         for group in optimizer.param_groups:
