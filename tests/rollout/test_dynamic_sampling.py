@@ -316,7 +316,7 @@ def test_the_controller_passes_the_request_through_and_reports():
             for g in batch
         ]
     finally:
-        controller.shutdown()
+        controller.close_pipeline()
     assert sorted(trained) == [0, 3, 4, 5]
     assert dynamic.report is not None and dynamic.report.spares_used == 2
 

@@ -166,7 +166,8 @@ def test_hung_worker_is_killed_and_its_calls_sent_again(rollouts2, gate_dir, sho
     (warning,) = [r.getMessage() for r in caplog.records if "returned no call" in r.getMessage()]
     assert f"rollout worker 0 (pid {victim})" in warning and f"={short_timeout:g}" in warning
     waited = float(re.search(r"for ([\d.]+) s", warning).group(1))
-    assert waited > short_timeout  # never before the timeout
+    # never before the timeout: hung_slots reports only past it; the log rounds to 0.1 s
+    assert waited >= short_timeout
     print(f"\nhung call found after {waited:.1f} s (timeout {short_timeout} s); "
           f"iteration took {elapsed:.1f} s")  # fmt: skip
 
