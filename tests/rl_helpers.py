@@ -9,6 +9,8 @@ import lightning as L
 import torch
 
 from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl.weight_sync.fingerprint import weights_fingerprint
+from periodic_rl.weight_sync.push import WeightPusher
 
 #: Largest parameter difference between two runs that differ only in the order their
 #: micro-batches were back-propagated (gradients are summed in completion order, so the bits
@@ -66,6 +68,20 @@ class RecordingModule(SGDModule):
                 pushed=strategy.weights_fingerprint,
             )
         )
+
+
+class LyingPusher(WeightPusher):
+    """After the first push, loads the engines with other weights than the policy's under the
+    right version, and reports the fingerprint of the policy's own: a push that reports success
+    for weights the engines do not hold. Only the fingerprint can tell."""
+
+    def push(self, backend, policy, version):
+        if version == 0:
+            return super().push(backend, policy, version)
+        state = policy.rollout_state_dict()
+        name = sorted(state)[0]
+        backend.push_weights({**state, name: state[name] + 1e-3}, version)
+        return "full", weights_fingerprint(state)
 
 
 CPU_TUNING_ARGS = ("worker_cores", "trainer_cores", "lend_idle_cores", "split_after")

@@ -139,6 +139,22 @@ def test_a_worker_loads_on_borrowed_cores_and_hands_them_back(tiny_llama_path):
     worker.shutdown()
 
 
+def pinned(lend: bool, **strategy) -> dict:
+    """An overlapped run of one worker on all cores but the first and the trainer on the first,
+    one group per call (this process back on every core before it pins itself)."""
+    os.sched_setaffinity(0, set(CORES))
+    return {
+        "engine": "hf",
+        "num_workers": 1,
+        "groups_per_call": 1,
+        "overlap": True,
+        "worker_cores": [CORES[1:]],
+        "trainer_cores": [CORES[0]],
+        "lend_idle_cores": lend,
+        **strategy,
+    }
+
+
 @needs_two_cores
 def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_path, local_ray):
     """Overlapped on 1 + 1 cores, one group per call and micro-batch: the trainer borrows the
@@ -146,17 +162,7 @@ def test_loans_fall_between_generation_and_push_and_change_no_update(tiny_llama_
     hands it back before the push; the weights match a run that never borrowed."""
 
     def run(lend: bool) -> tuple:
-        os.sched_setaffinity(0, set(CORES))
-        strategy = {
-            "engine": "hf",
-            "num_workers": 1,
-            "groups_per_call": 1,
-            "overlap": True,
-            "worker_cores": [CORES[1:]],
-            "trainer_cores": [CORES[0]],
-            "lend_idle_cores": lend,
-        }
-        return train(tiny_llama_path, steps=3, strategy=strategy, module_cls=LoadCores)
+        return train(tiny_llama_path, steps=3, strategy=pinned(lend), module_cls=LoadCores)
 
     plain, lent = run(False), run(True)
     assert plain[1].load_cores == [[1]] * 3  # each push loaded on the worker's own core
@@ -184,18 +190,7 @@ def test_with_bounded_staleness_loans_fall_while_the_workers_wait_and_change_no_
     overlaps a loan), and the update matches a run that never borrowed."""
 
     def run(lend: bool) -> tuple:
-        os.sched_setaffinity(0, set(CORES))
-        strategy = {
-            "engine": "hf",
-            "num_workers": 1,
-            "groups_per_call": 1,
-            "overlap": True,
-            "max_staleness": 1,
-            "worker_cores": [CORES[1:]],
-            "trainer_cores": [CORES[0]],
-            "lend_idle_cores": lend,
-        }
-        return train(tiny_llama_path, steps=4, strategy=strategy)
+        return train(tiny_llama_path, steps=4, strategy=pinned(lend, max_staleness=1))
 
     plain, lent = run(False), run(True)
     assert plain[2].tuning.loan.loans == 0

@@ -26,7 +26,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 import lightning as L  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
-from rl_helpers import SGDModule, length_reward  # noqa: E402
+from rl_helpers import LyingPusher, SGDModule, length_reward  # noqa: E402
 
 from periodic_rl import PromptDataModule, StaleRolloutError  # noqa: E402
 from periodic_rl.rollout.controller import RolloutController  # noqa: E402
@@ -34,8 +34,6 @@ from periodic_rl.strategies import (  # noqa: E402
     PeriodicAsyncDDPStrategy,
     PeriodicAsyncFSDPStrategy,
 )
-from periodic_rl.weight_sync.fingerprint import weights_fingerprint  # noqa: E402
-from periodic_rl.weight_sync.push import WeightPusher  # noqa: E402
 
 BATCH = 2  # prompts per rank and iteration: a one-rank run takes 2 x BATCH
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -78,20 +76,6 @@ def listening_addresses() -> list[str]:
         for c in psutil.net_connections("inet")
         if c.pid in tree and c.status == psutil.CONN_LISTEN
     ]
-
-
-class LyingPusher(WeightPusher):
-    """After the first push, loads the engines with other weights than the policy's under the
-    right version, and reports the fingerprint of the policy's own: a push that reports success
-    for weights the engines do not hold. Only the fingerprint can tell."""
-
-    def push(self, backend, policy, version):
-        if version == 0:
-            return super().push(backend, policy, version)
-        state = policy.rollout_state_dict()
-        name = sorted(state)[0]
-        backend.push_weights({**state, name: state[name] + 1e-3}, version)
-        return "full", weights_fingerprint(state)
 
 
 class OtherWeightsController(RolloutController):

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
+from rl_helpers import (
+    ORDER_TOLERANCE,
+    LyingPusher,
+    RecordingModule,
+    assert_same_update,
+    max_diff,
+    train,
+)
 
 from periodic_rl import PeriodicAsyncStrategy, RLModule, StaleRolloutError
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
@@ -168,24 +175,10 @@ def test_rollout_from_an_old_version_is_refused(tiny_llama_path):
         train(tiny_llama_path, steps=3, strategy_cls=_LostPushStrategy)
 
 
-class _OtherWeightsPusher(WeightPusher):
-    """After the first step, loads the engine with other weights than the policy's under the
-    right version number, and reports the fingerprint of the policy's own: a push that reports
-    success for weights the engine does not hold. Only the fingerprint can tell."""
-
-    def push(self, backend, policy, version):
-        if version == 0:
-            return super().push(backend, policy, version)
-        state = policy.rollout_state_dict()
-        name = sorted(state)[0]
-        backend.push_weights({**state, name: state[name] + 1e-3}, version)
-        return "full", weights_fingerprint(state)
-
-
 class _OtherWeightsStrategy(PeriodicAsyncStrategy):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.rollouts.pusher = _OtherWeightsPusher(self.rollouts.options.adapter_pushes)
+        self.rollouts.pusher = LyingPusher(self.rollouts.options.adapter_pushes)
 
 
 def test_rollout_from_other_weights_of_the_current_version_is_refused(tiny_llama_path):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import Literal
 
@@ -204,7 +204,7 @@ class CPUTuning(HardwareTuning):
         this thread) where the workers have nothing left to generate."""
         cores = self._idle_cores()
         if not cores:
-            return _nothing()
+            return nullcontext()
         if generation_done():
             self.loan.lend(cores)
         return lend_once_ready(self.loan, cores, generation_done)
@@ -298,8 +298,3 @@ class CPUWorkerTuning(WorkerTuning):
             yield loan
         finally:
             loan.give_back()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield

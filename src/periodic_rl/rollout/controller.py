@@ -176,12 +176,6 @@ class RolloutController:
 
     # ---- weights ------------------------------------------------------------------------------
     @property
-    def weights(self) -> WeightsRecord:
-        """Where the rollout weights are: the last version published, as the engines confirmed
-        it (every rank)."""
-        return self._weights
-
-    @property
     def version(self) -> int:
         """The policy version: optimizer steps taken up to the last publish (or resume)."""
         return self._weights.version
