@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from mutation_rows.architecture import ROWS as ARCHITECTURE_ROWS
 from mutation_rows.base import Mutation
+from mutation_rows.config import ROWS as CONFIG_ROWS
+from mutation_rows.data_sources import ROWS as DATA_SOURCES_ROWS
+from mutation_rows.defaults import ROWS as DEFAULTS_ROWS
+from mutation_rows.loggers import ROWS as LOGGERS_ROWS
+from mutation_rows.packaging import ROWS as PACKAGING_ROWS
+from mutation_rows.rewards import ROWS as REWARDS_ROWS
 from mutation_rows.rollout import ROWS as ROLLOUT_ROWS
 from mutation_rows.split import ROWS as SPLIT_ROWS
 from mutation_rows.strategies import ROWS as STRATEGY_ROWS
@@ -20,6 +26,12 @@ MUTATIONS: list[Mutation] = [
     *SPLIT_ROWS,
     *STRATEGY_ROWS,
     *ARCHITECTURE_ROWS,
+    *PACKAGING_ROWS,
+    *DATA_SOURCES_ROWS,
+    *REWARDS_ROWS,
+    *CONFIG_ROWS,
+    *DEFAULTS_ROWS,
+    *LOGGERS_ROWS,
 ]
 
 __all__ = ["MUTATIONS", "Mutation"]
