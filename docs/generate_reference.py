@@ -3,12 +3,15 @@
     .venv/bin/python docs/generate_reference.py
 
 The help text is the ``Args:`` section of each class docstring (the same text LightningCLI shows
-for ``periodic-rl fit --help``), so the page cannot drift from the code.
+for ``periodic-rl fit --help``), so the page cannot drift from the code; a choice argument (a
+``Literal`` annotation) also lists its allowed values, read from the same annotation that the
+CLI and :func:`periodic_rl.choices.check_choices` validate against.
 """
 
 from __future__ import annotations
 
 import inspect
+import typing
 from pathlib import Path
 
 import docstring_parser
@@ -22,6 +25,7 @@ from periodic_rl.callbacks import (
     RLMetrics,
     RolloutSamples,
 )
+from periodic_rl.choices import choices_of
 
 SECTIONS = [
     ("model", RLModule),
@@ -46,6 +50,31 @@ def _help(cls: type) -> dict[str, str]:
     return texts
 
 
+def _literal_values(annotation: object) -> list[object]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    return [v for member in typing.get_args(annotation) for v in _literal_values(member)]
+
+
+def _choices(cls: type) -> dict[str, str]:
+    """``{argument: "One of `a`, `b`."}`` for the ``Literal``-typed arguments of ``cls`` (and
+    of the periodic_rl classes its ``**kwargs`` reach); "Named values: ..." when other values are
+    accepted too (a class path, a registered backend)."""
+    texts: dict[str, str] = {}
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("periodic_rl") or "__init__" not in vars(klass):
+            continue
+        for name, hint in typing.get_type_hints(klass.__init__).items():
+            values = _literal_values(hint)
+            if not values or name in texts:
+                continue
+            if choices_of(hint) is not None and type(None) in typing.get_args(hint):
+                values.append(None)
+            shown = ", ".join("`null`" if v is None else f"`{v}`" for v in values)
+            texts[name] = f"One of {shown}." if choices_of(hint) else f"Named values: {shown}."
+    return texts
+
+
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
     """The constructor arguments of ``cls`` and of the periodic_rl classes its ``**kwargs``
     reach (a strategy's own, then the rollout arguments of ``RolloutsMixin``)."""
@@ -61,6 +90,7 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
 
 def _section(key: str, cls: type) -> str:
     texts = _help(cls)
+    choices = _choices(cls)
     summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
     lines = [
         f"## `{cls.__module__.split('.')[0]}.{cls.__name__}` ({key})",
@@ -72,7 +102,8 @@ def _section(key: str, cls: type) -> str:
     ]
     for name, param in _parameters(cls).items():
         default = "required" if param.default is param.empty else f"`{param.default!r}`"
-        help_text = texts.get(name, "").replace("|", "\\|")
+        help_text = " ".join(filter(None, (choices.get(name), texts.get(name, ""))))
+        help_text = help_text.replace("|", "\\|")
         lines.append(f"| `{name}` | {default} | {help_text} |")
     return "\n".join(lines)
 

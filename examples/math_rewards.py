@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from periodic_rl.extras import require
+
 _BOXED = re.compile(r"\\boxed\{[^{}]+\}")
 
 
@@ -21,6 +23,7 @@ def math_correct(
     math-verify's own timeouts use ``signal.alarm``, which works in the main thread only: rewards
     run in the rollout thread (and in a ``reward_timeout_s`` thread), where they would raise and
     score every completion 0. They are off here; ``reward_timeout_s`` bounds the call instead."""
+    require("math_verify", "the math_correct reward (examples/math_rewards.py)")
     from math_verify import parse, verify
 
     scores = []

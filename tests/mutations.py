@@ -1,8 +1,8 @@
 """Mutation checks: each promise of the library, broken on purpose, must fail a test.
 
 ``make mutations`` (or ``.venv/bin/python tests/mutations.py [NAME ...]``) runs, for each row of
-:data:`MUTATIONS`: copy the repository's tracked ``src/``, ``tests/``, ``examples/``,
-``pyproject.toml`` and the benchmark modules the tests import (:data:`COPIED`) to a
+:data:`MUTATIONS`: copy the repository's ``src/``, ``tests/``, ``examples/``, ``pyproject.toml``,
+the ``Makefile`` and the benchmark modules the tests import (:data:`COPIED`) to a
 temporary directory, apply one exact text replacement to one file (the
 original text must occur exactly once, so a refactor cannot silently disable a mutation), and
 run only the tests that should catch it, with ``PYTHONPATH`` pointing at the copy's ``src`` (the
@@ -37,6 +37,7 @@ COPIED = [
     "tests",
     "examples",
     "pyproject.toml",
+    "Makefile",  # tests/test_dependencies.py reads the extras it installs
     "benchmarks/soak_run.py",  # the soak test imports it, and its helpers
     "benchmarks/common.py",
     "benchmarks/child_runs.py",
@@ -50,9 +51,10 @@ TIMEOUT_S = 1200
 
 
 def copy_tree(destination: Path) -> None:
-    """The tracked files under :data:`COPIED`, as they are in the working tree."""
+    """The files under :data:`COPIED` that git tracks or would add (new files not yet committed,
+    ignored ones left out), as they are in the working tree."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", "--", *COPIED],
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *COPIED],
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -74,7 +74,8 @@ def test_installed_script_trains_and_exits_zero(tmp_path, tiny_llama_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "held-out" in done.stdout  # it trained to the end: the final evaluation ran
+    # it trained to the end: the final evaluation ran (logged, to stderr as Lightning's own)
+    assert "[periodic_rl] held-out (end" in done.stderr
 
 
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.name)
@@ -154,7 +155,7 @@ def tiny_reward_model(tmp_path_factory, tiny_llama_path):
     return str(path)
 
 
-def test_minimal_yaml_trains(in_run_dir, tiny_llama_path, capsys):
+def test_minimal_yaml_trains(in_run_dir, tiny_llama_path, caplog):
     """Only the model, the data and the length of the run in the YAML: every other value is a
     default (micro_batch_size None included; the strategy is the CLI's default one). The
     command line only makes it cheap: the transformers engine, small groups, short answers."""
@@ -168,7 +169,7 @@ def test_minimal_yaml_trains(in_run_dir, tiny_llama_path, capsys):
     args += ["--model.init_args.num_generations", "2", "--model.init_args.max_new_tokens", "4"]
     args += ["--data.init_args.batch_size", "2", "--data.init_args.num_val", "2"]
     main(args)
-    assert "held-out (end, iteration 2)" in capsys.readouterr().out
+    assert "held-out (end, iteration 2)" in caplog.text  # the periodic_rl logger, INFO
     assert (in_run_dir / "lightning_logs" / "version_0" / "config.yaml").exists()
 
 
@@ -184,7 +185,7 @@ def test_strategy_name_is_registered_by_the_cli_alone():
 
 
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.name)
-def test_example_trains_briefly(config, in_run_dir, tiny_llama_path, tiny_reward_model, capsys):
+def test_example_trains_briefly(config, in_run_dir, tiny_llama_path, tiny_reward_model, caplog):
     """Each example, as written, except: a tiny model, the transformers engine, 2 iterations
     of 2 prompts x 2 samples of 4 tokens, and 2 held-out prompts. Its callbacks stay."""
     args = ["fit", "--config", str(REPO / "examples" / config.name), *HF_STRATEGY]
@@ -195,5 +196,79 @@ def test_example_trains_briefly(config, in_run_dir, tiny_llama_path, tiny_reward
     if config.name == "reward_model.yaml":
         args += ["--model.init_args.reward_model", tiny_reward_model]
     main(args)
-    out = capsys.readouterr().out
-    assert "held-out (end, iteration 2)" in out
+    assert "held-out (end, iteration 2)" in caplog.text
+
+
+# ---- configuration errors: a few lines, the library's message, exit status 2 -----------------
+def _refused(args: list[str], capsys) -> str:
+    """Run ``fit`` with ``args``; the CLI must exit with status 2 and no traceback. Returns
+    the error part of stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "usage:" not in err, err
+    lines = err[err.index("error:") :].splitlines()
+    assert len(lines) <= 2, err
+    return lines[0]
+
+
+def test_help_lists_the_allowed_values_of_every_choice(capsys):
+    from periodic_rl import RLModule
+    from periodic_rl.choices import choice_arguments
+    from periodic_rl.rollout.options import RolloutOptions
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    for key, target in (("model", RLModule.__init__), ("trainer.strategy", RolloutOptions)):
+        for name, allowed in choice_arguments(target).items():
+            listed = ",".join(str(value) for value in allowed)
+            assert f"--{key}.init_args.{name} {{{listed}}}" in printed, name
+    assert "Literal['vllm', 'hf']" in printed  # engine: the built-in engines, or a class path
+    assert "--data.init_args.source" in printed
+
+
+def test_wrong_choice_is_refused_naming_the_allowed_values(capsys):
+    error = _refused(["--model.init_args.model", "m", "--model.init_args.loss_type", "ppo"], capsys)
+    assert error.endswith(
+        "model.init_args.loss_type must be one of 'grpo', 'bnpo', 'dr_grpo', 'dapo'; got 'ppo'"
+    ), error
+
+
+def test_wrong_strategy_choice_in_yaml_is_refused(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  strategy:\n    init_args:\n      push_transport: nccl\n")
+    error = _refused(["--config", str(config), "--model.init_args.model", "m"], capsys)
+    assert "push_transport must be one of 'auto', 'object_store', 'broadcast'; got 'nccl'" in error
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["--model.init_args.lerning_rate", "1e-6"], "did you mean learning_rate?"),
+        (["--trainer.strategy.init_args.enigne", "hf"], "did you mean engine?"),
+        (["--trainer.max_stepz=3"], "did you mean --trainer.max_steps"),
+    ],
+)
+def test_misspelt_option_gets_did_you_mean(args, hint, capsys):
+    error = _refused(["--model.init_args.model", "m", *args], capsys)
+    assert hint in error, error
+
+
+def test_misspelt_option_in_yaml_gets_did_you_mean(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  max_stepz: 3\nmodel:\n  init_args:\n    model: m\n")
+    error = _refused(["--config", str(config)], capsys)
+    assert "has no option 'trainer.max_stepz'; did you mean trainer.max_steps" in error, error
+
+
+def test_setting_refused_while_building_the_classes_is_one_line(tmp_path, tiny_llama_path, capsys):
+    """A range the type cannot say (num_generations >= 2): the library's own message."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    args = ["--model.init_args.model", tiny_llama_path, "--model.init_args.num_generations", "1"]
+    args += ["--data.init_args.source", str(data), "--trainer.default_root_dir", str(tmp_path)]
+    error = _refused(args, capsys)
+    assert error.endswith("num_generations must be >= 2 (group advantages need a group), got 1")

@@ -112,8 +112,8 @@ def _replace(code: str, old: str, new: str) -> str:
 
 def test_readme_example_runs(tiny_llama_path, tmp_path, monkeypatch):
     """The README's minimal example, as printed, trains on data in the format the README shows:
-    only the model (a tiny one), the engine (the in-process HF engine, no Ray), the number of
-    steps and the data file's path are substituted."""
+    only the model (a tiny one, 8 new tokens), the engine (the in-process HF engine, no Ray),
+    the number of steps and the data file's path are substituted."""
     import json
 
     readme = (ROOT / "README.md").read_text()
@@ -126,7 +126,9 @@ def test_readme_example_runs(tiny_llama_path, tmp_path, monkeypatch):
             f.write(json.dumps({**row, "prompt": f"{row['prompt']} ({i})"}) + "\n")
 
     code = _block(readme, "python")
-    code = _replace(code, 'model="smollm2-135m-instruct"', f"model={tiny_llama_path!r}")
+    code = _replace(  # and a short completion budget: the default 256 tokens take minutes
+        code, 'model="smollm2-135m-instruct"', f"model={tiny_llama_path!r}, max_new_tokens=8"
+    )
     code = _replace(
         code,
         'PeriodicAsyncStrategy(engine="vllm")',

@@ -78,7 +78,7 @@ def eval_rows(trainer) -> list[dict[str, str]]:
         return [row for row in csv.DictReader(f) if row.get("eval/reward")]
 
 
-def test_start_periodic_and_end_evaluations(tiny_llama_path, tmp_path, capsys):
+def test_start_periodic_and_end_evaluations(tiny_llama_path, tmp_path, caplog):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="eval/reward", mode="max")
     stopping = EarlyStopping(monitor="eval/reward", mode="max", patience=100)
     module, trainer, recorder = fit(
@@ -109,9 +109,9 @@ def test_start_periodic_and_end_evaluations(tiny_llama_path, tmp_path, capsys):
     spans = trainer.strategy.spans.spans()
     assert len([s for s in spans if s.name == "generate" and s.iteration is None]) == 3
     assert len([s for s in spans if s.name == "generate" and s.iteration is not None]) == 3
-    out = capsys.readouterr().out
-    assert "held-out (start, iteration 0): reward" in out
-    assert "held-out (end, iteration 3): reward" in out
+    logged = caplog.text  # INFO records of the periodic_rl logger
+    assert "held-out (start, iteration 0): reward" in logged
+    assert "held-out (end, iteration 3): reward" in logged
 
 
 def test_periodic_evaluation_on_the_last_iteration_is_the_end(tiny_llama_path, tmp_path):
@@ -162,7 +162,7 @@ data:
 
 
 def test_validate_a_checkpoint_prints_the_held_out_table(
-    tiny_llama_path, tmp_path, monkeypatch, capsys
+    tiny_llama_path, tmp_path, monkeypatch, capsys, caplog
 ):
     monkeypatch.setattr(sys, "argv", ["periodic-rl"])
     config = tmp_path / "run.yaml"
@@ -173,5 +173,5 @@ def test_validate_a_checkpoint_prints_the_held_out_table(
     capsys.readouterr()
     main(["validate", "--config", str(config), "--ckpt_path", str(last)])
     out = capsys.readouterr().out
-    assert "held-out (validate, iteration 2): reward" in out
+    assert "held-out (validate, iteration 2): reward" in caplog.text
     assert "Validate metric" in out and "eval/reward" in out and "eval/accuracy" in out

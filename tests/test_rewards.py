@@ -1,10 +1,12 @@
-"""RewardModel: scores prompt+completion with a frozen classifier, on the device it is given."""
+"""RewardModel: scores prompt+completion with a frozen classifier, on the device it is given
+(its own, or the training device)."""
 
 import math
 
 import pytest
 import torch
 
+from periodic_rl.module_setup import place_reward_models
 from periodic_rl.rewards import RewardModel, check_rewards
 
 PROMPTS = ["What is 2+2?", [{"role": "user", "content": "Say hi."}], "Name a colour."]
@@ -54,6 +56,21 @@ def test_to_moves_the_model_and_keeps_it_frozen(reward_model_path):
     assert not model.model.training and not any(p.requires_grad for p in params)
     built_there = RewardModel(reward_model_path, device="meta")
     assert all(p.device.type == "meta" for p in built_there.model.parameters())
+
+
+def test_its_own_device_is_kept_and_no_device_means_the_training_device(reward_model_path):
+    """``place_reward_models`` (set-up): a RewardModel built with a device stays there (the
+    policy may train elsewhere); one built without follows the training device (meta here, a
+    stand-in for cuda:0 that the CPU has)."""
+    own = RewardModel(reward_model_path, device="cpu")
+    follows = RewardModel(reward_model_path)
+    assert own.requested_device == torch.device("cpu") and follows.requested_device is None
+    place_reward_models([own, follows, check_rewards], torch.device("meta"))
+    assert own.device == torch.device("cpu")
+    assert follows.device.type == "meta"
+    assert own(PROMPTS, COMPLETIONS) == pytest.approx(
+        RewardModel(reward_model_path)(PROMPTS, COMPLETIONS), abs=1e-5
+    )
 
 
 class _Seen(Exception):

@@ -14,7 +14,7 @@ from rl_helpers import SGDModule, train
 
 from periodic_rl import RLModule
 from periodic_rl.rewards import RewardError, RewardTimeoutError, check_rewards
-from periodic_rl.scoring import Scorer
+from periodic_rl.scoring import STOP_AFTER_FAILED_ITERATIONS, Scorer
 
 PROMPT = "What is 2+2? Answer with a number."
 COMPLETIONS = ["4", "four", "5", "I think it is 4"]
@@ -130,7 +130,8 @@ def test_a_call_that_never_returns_raises_a_timeout_naming_reward_and_limit(neve
     assert isinstance(caught.value, TimeoutError)
     message = str(caught.value)
     assert "reward 'never_returns' did not return within reward_timeout_s=0.5 s" in message
-    assert "periodic_rl.sandbox" in message and FIX in message
+    assert "the call is abandoned (it runs in the trainer's process" in message  # a closure
+    assert "runs in the reward pool, where a timeout stops it" in message and FIX in message
     assert f"prompt: {PROMPT!r}" in message
 
 
@@ -214,10 +215,96 @@ def test_without_a_timeout_the_reward_runs_in_the_calling_thread():
     assert seen[1] is not threading.current_thread() and seen[1].daemon
 
 
+# ---- named components ----------------------------------------------------------------------
+def two_parts(prompts, completions, **columns):
+    return {"fmt": [1.0] * len(completions), "num": [float(c.isdigit()) for c in completions]}
+
+
+class PartsModule:
+    """Stands for an RLModule whose reward() override returns named components."""
+
+    def reward(self, prompts, completions, **columns):
+        return {"fmt": [0.5] * len(completions), "num": [1.0] * len(completions)}
+
+
+def test_named_components_each_logged_and_summed_times_the_weight():
+    totals, components = scorer(two_parts, ok, weights=[2.0, 1.0]).rewards(PROMPTS, COMPLETIONS, {})
+    assert components == {"fmt": [1.0] * 4, "num": [1.0, 0.0, 1.0, 0.0], "ok": [1.0] * 4}
+    assert totals == [2.0 * (1.0 + n) + 1.0 for n in components["num"]]
+    totals, components = scorer(PartsModule().reward).rewards(PROMPTS, COMPLETIONS, {})
+    assert components == {"fmt": [0.5] * 4, "num": [1.0] * 4}  # the override's, by name
+    assert totals == [1.5] * 4
+
+
+def test_a_bad_component_names_the_reward_and_the_component():
+    def bad_part(prompts, completions, **columns):
+        return {"fmt": [1.0] * len(completions), "num": [None] * len(completions)}
+
+    with pytest.raises(RewardError, match="reward 'bad_part' component 'num' returned None for"):
+        scorer(bad_part).rewards(PROMPTS, COMPLETIONS, {})
+    with pytest.raises(RewardError, match="component named 'fmt', a name another reward"):
+        scorer(two_parts, PartsModule().reward).rewards(PROMPTS, COMPLETIONS, {})
+    with pytest.raises(RewardError, match="returned an empty dict"):
+        scorer(lambda p, c, **k: {}).rewards(PROMPTS, COMPLETIONS, {})
+
+
+def test_zero_scores_each_known_component_of_a_failing_call_0():
+    calls = []
+
+    def flaky_parts(prompts, completions, **columns):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("down")
+        return two_parts(prompts, completions)
+
+    s = scorer(flaky_parts, on_error="zero")
+    s.rewards(PROMPTS, COMPLETIONS, {})
+    with pytest.warns(RuntimeWarning, match="reward 'flaky_parts' raised RuntimeError: down"):
+        totals, components = s.rewards(PROMPTS, COMPLETIONS, {})
+    assert components == {"fmt": [0.0] * 4, "num": [0.0] * 4} and totals == [0.0] * 4
+    assert s.take_failures() == {"flaky_parts": 1}
+
+
+# ---- a reward that fails on every call stops the run -----------------------------------------
+def test_end_iteration_stops_after_iterations_whose_every_call_failed():
+    fail = {"now": True}
+
+    def broken(prompts, completions, **columns):
+        if fail["now"]:
+            raise KeyError(f"answer {len(completions)}")
+        return [1.0] * len(completions)
+
+    s = scorer(ok, broken, on_error="zero")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for _ in range(STOP_AFTER_FAILED_ITERATIONS - 1):  # two failed iterations, then one good
+            s.rewards(PROMPTS, COMPLETIONS, {})
+            assert s.end_iteration() == {"ok": 0, "broken": 1}
+        fail["now"] = False
+        s.rewards(PROMPTS, COMPLETIONS, {})
+        fail["now"] = True
+        s.rewards(PROMPTS[:2], COMPLETIONS[:2], {})  # one good call in the iteration: no streak
+        assert s.end_iteration() == {"ok": 0, "broken": 1}
+        for i in range(STOP_AFTER_FAILED_ITERATIONS - 1):
+            s.rewards(PROMPTS[: 4 - (i == 0)], COMPLETIONS[: 4 - (i == 0)], {})
+            s.end_iteration()
+        s.rewards(PROMPTS, COMPLETIONS, {})
+        s.rewards(PROMPTS, COMPLETIONS, {})
+        s.rewards(PROMPTS, COMPLETIONS, {}, count=False)  # not counted: no call of the run
+        with pytest.raises(RewardError) as caught:
+            s.end_iteration()
+    message = str(caught.value)
+    assert (
+        f"reward 'broken' failed on every call for {STOP_AFTER_FAILED_ITERATIONS} iterations"
+        in (message)
+    )
+    assert "raised KeyError: 'answer 3'" in message  # the streak's first failure
+
+
 # ---- the settings ------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["skip", "Zero", None, 0])
 def test_bad_reward_on_error_is_refused_at_construction(tiny_llama_path, value):
-    with pytest.raises(ValueError, match="reward_on_error must be 'raise' .* or 'zero'"):
+    with pytest.raises(ValueError, match="reward_on_error must be .*'raise'.*'zero'"):
         RLModule(model=tiny_llama_path, reward_on_error=value)
 
 
@@ -225,6 +312,12 @@ def test_bad_reward_on_error_is_refused_at_construction(tiny_llama_path, value):
 def test_bad_reward_timeout_is_refused_at_construction(tiny_llama_path, value):
     with pytest.raises(ValueError, match="reward_timeout_s must be a finite number of seconds"):
         RLModule(model=tiny_llama_path, reward_timeout_s=value)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_bad_reward_workers_is_refused_at_construction(tiny_llama_path, value):
+    with pytest.raises(ValueError, match="reward_workers must be an integer >= 0"):
+        RLModule(model=tiny_llama_path, reward_workers=value)
 
 
 def test_good_reward_settings_are_accepted(tiny_llama_path):

@@ -22,7 +22,12 @@ def fit_until_setup(model_path, rows, engine="hf", engine_kwargs=None, tmp_path=
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     module = RLModule(
-        model=model_path, num_generations=2, reward_funcs=[_zero], eval_at_start=False, **module
+        model=model_path,
+        num_generations=2,
+        max_new_tokens=32,  # the lengths below are checked against this budget
+        reward_funcs=[_zero],
+        eval_at_start=False,
+        **module,
     )
     strategy = PeriodicAsyncStrategy(
         engine=engine, engine_kwargs=engine_kwargs, use_ray=False, overlap=False
@@ -54,7 +59,9 @@ def test_prompt_longer_than_vllm_max_model_len_fails_before_vllm_starts(tiny_lla
 
 def test_long_prompt_cut_by_max_prompt_length_fits(tiny_llama_path, tmp_path):
     """With ``max_prompt_length`` (left truncation) the cut prompt is what must fit."""
-    module = RLModule(model=tiny_llama_path, num_generations=2, max_prompt_length=64)
+    module = RLModule(
+        model=tiny_llama_path, num_generations=2, max_new_tokens=32, max_prompt_length=64
+    )
     module.configure_model()
     from periodic_rl.data.sources import PromptSource
     from periodic_rl.setup_checks import check_data_and_model
@@ -64,7 +71,7 @@ def test_long_prompt_cut_by_max_prompt_length_fits(tiny_llama_path, tmp_path):
 
 
 def test_held_out_prompt_too_long_is_named(tiny_llama_path, tmp_path):
-    module = RLModule(model=tiny_llama_path, num_generations=2)
+    module = RLModule(model=tiny_llama_path, num_generations=2, max_new_tokens=32)
     module.configure_model()
     from periodic_rl.data.sources import PromptSource
     from periodic_rl.setup_checks import check_data_and_model

@@ -185,7 +185,7 @@ def test_error_mode_names_the_prompt_its_length_and_the_fix():
         ({"overlong_penalty": float("inf")}, "overlong_penalty"),
         ({"max_prompt_length": 0}, "max_prompt_length must be >= 1"),
         ({"max_prompt_length": 1.5}, "max_prompt_length"),
-        ({"prompt_truncation": "right"}, r"prompt_truncation must be one of \('left', 'error'\)"),
+        ({"prompt_truncation": "right"}, "prompt_truncation must be one of 'left', 'error'"),
         ({"mask_truncated_completions": "yes"}, "mask_truncated_completions"),
     ],
 )

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
-import warnings
 
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningCLI
 
+from periodic_rl.cli_parser import (
+    CONFIG_ERRORS,
+    PeriodicRLArgumentParser,
+    debug,
+    exit_with_error,
+    instantiation_error,
+)
 from periodic_rl.data import PromptDataModule
 from periodic_rl.module import RLModule
 
@@ -21,9 +27,27 @@ class PeriodicRLCLI(LightningCLI):
     The default strategy is a ``PeriodicAsyncStrategy`` (``class_path`` and ``init_args``), so
     ``--print_config`` lists its options and ``--trainer.strategy.init_args.engine hf`` (or the
     same key in YAML) changes one of them without restating the class.
+
+    A configuration error (a value outside a choice, a misspelt option, a setting a class
+    refuses while it is built) ends the command with one line naming the option and the fix,
+    and exit status 2, before anything starts (:mod:`periodic_rl.cli_parser`).
     """
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except CONFIG_ERRORS as error:
+            if debug():
+                raise
+            prog = " ".join(filter(None, (self.parser.prog, self.subcommand)))
+            exit_with_error(prog, instantiation_error(error))
+
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
+        parser.help_classes = {
+            "model": RLModule,
+            "data": PromptDataModule,
+            "trainer.strategy": PeriodicAsyncStrategy,
+        }
         parser.set_defaults(
             {
                 "trainer.strategy": lazy_instance(PeriodicAsyncStrategy),
@@ -32,6 +56,8 @@ class PeriodicRLCLI(LightningCLI):
                 # The module evaluates before the first iteration (eval_at_start): Lightning's
                 # sanity check would only repeat it on one prompt.
                 "trainer.num_sanity_val_steps": 0,
+                # One step is one iteration, seconds to minutes long: log every one of them.
+                "trainer.log_every_n_steps": 1,
             }
         )
 
@@ -43,13 +69,13 @@ def main(args: list[str] | None = None) -> None:
     which treats anything but None or an int as a failure (exit status 1).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # One optimizer step per training_step: the post-step state is the state to checkpoint.
-    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    # Known third-party messages are filtered by `import periodic_rl` (compat/noise.py).
     PeriodicRLCLI(
         RLModule,
         PromptDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=PeriodicRLArgumentParser,
         args=args,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,

@@ -1,24 +1,38 @@
 """The checks of :class:`~periodic_rl.RLModule`'s settings, run at construction so that a bad
-value fails before any model loads or engine starts, naming the field and the fix."""
+value fails before any model loads or engine starts, naming the field and the fix.
+
+The choice arguments (``loss_type``, ``lr_scheduler``, ``dtype``, ...) are typed as ``Literal``
+and checked against their types by :func:`~periodic_rl.choices.check_choices`; the checks here
+are those of ranges and shapes, which a type cannot say.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from periodic_rl.algorithms.advantages import BASELINES, SCALE_REWARDS
-from periodic_rl.algorithms.losses import check_loss_type
+from periodic_rl.choices import check_choices
 from periodic_rl.optim import check_schedule
+from periodic_rl.reward_pool import check_reward_workers
 from periodic_rl.rewards import check_reward_policy, resolve_reward
 from periodic_rl.rollout.types import SamplingConfig
 from periodic_rl.truncation import check_truncation_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: ``from_pretrained`` arguments the module sets itself, refused in ``model_init_kwargs``.
+RESERVED_INIT_KWARGS = {
+    "dtype": "set the module's dtype instead",
+    "torch_dtype": "set the module's dtype instead",
+    "device_map": "Lightning places the model (trainer.accelerator, trainer.devices)",
+}
 
 
-def check_module_config(args: dict[str, Any]) -> None:
-    """Refuse bad settings at construction, naming the field and the fix."""
+def check_module_config(args: dict[str, Any], signature: Callable[..., Any]) -> None:
+    """Refuse bad settings at construction, naming the field and the fix; ``signature`` is
+    the function whose ``Literal`` annotations give the allowed choices (``RLModule.__init__``)."""
+    check_choices(signature, args)
     g = args["num_generations"]
     if g < 2:
         raise ValueError(f"num_generations must be >= 2 (group advantages need a group), got {g}")
@@ -27,15 +41,6 @@ def check_module_config(args: dict[str, Any]) -> None:
         raise ValueError(
             f"micro_batch_size ({mbs}) must be a positive multiple of num_generations ({g}) "
             "so that a group never spans two micro-batches"
-        )
-    check_loss_type(args["loss_type"])
-    if args["scale_rewards"] not in SCALE_REWARDS:
-        raise ValueError(
-            f"scale_rewards must be one of {SCALE_REWARDS}, got {args['scale_rewards']!r}"
-        )
-    if args["advantage_baseline"] not in BASELINES:
-        raise ValueError(
-            f"advantage_baseline must be one of {BASELINES}, got {args['advantage_baseline']!r}"
         )
     if args["max_new_tokens"] < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {args['max_new_tokens']}")
@@ -65,14 +70,15 @@ def check_module_config(args: dict[str, Any]) -> None:
     if args["beta"] < 0:
         raise ValueError(f"beta must be >= 0, got {args['beta']}")
     tis_cap = args.get("tis_cap")
-    if tis_cap is not None and (
+    if tis_cap not in (None, "auto") and (
         isinstance(tis_cap, bool)
         or not isinstance(tis_cap, int | float)
         or not 0 < tis_cap < float("inf")
     ):
         raise ValueError(
             f"tis_cap must be a finite number > 0 (the cap C of truncated importance sampling, "
-            f"e.g. 2.0), or null to switch it off; got {tis_cap!r}"
+            f"e.g. 2.0), auto (on where the engine's numerics differ), or null to switch it off; "
+            f"got {tis_cap!r}"
         )
     if args["learning_rate"] <= 0:
         raise ValueError(f"learning_rate must be > 0, got {args['learning_rate']}")
@@ -82,8 +88,6 @@ def check_module_config(args: dict[str, Any]) -> None:
         args["warmup_ratio"],
         args["lr_scheduler_kwargs"],
     )
-    if args["dtype"] not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args['dtype']!r}")
     weights = args["reward_weights"]
     funcs = args["reward_funcs"]
     if weights is not None and funcs and len(weights) != len(funcs):
@@ -94,9 +98,25 @@ def check_module_config(args: dict[str, Any]) -> None:
     for spec in funcs or []:
         resolve_reward(spec)
     check_reward_policy(args.get("reward_on_error", "raise"), args.get("reward_timeout_s"))
+    check_reward_workers(args.get("reward_workers", 0))
     if args["lora"] is not None and not isinstance(args["lora"], dict):
         raise ValueError("lora must be a dict of peft LoraConfig arguments, or null")
+    check_model_init_kwargs(args.get("model_init_kwargs"))
     check_training_knobs(args)
+
+
+def check_model_init_kwargs(kwargs: Any) -> None:
+    """Refuse ``model_init_kwargs`` that are not a dict, or that set what the module sets."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise ValueError(
+            "model_init_kwargs must be a dict of from_pretrained arguments (e.g. "
+            f"{{'attn_implementation': 'sdpa'}}), or null; got {kwargs!r}"
+        )
+    for key, fix in RESERVED_INIT_KWARGS.items():
+        if key in kwargs:
+            raise ValueError(f"model_init_kwargs must not set {key!r}: {fix}")
 
 
 def check_training_knobs(args: dict[str, Any]) -> None:

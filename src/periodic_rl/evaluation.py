@@ -17,9 +17,10 @@
   (unless a periodic evaluation just did), by running the trainer's own validation loop then.
 - Record: every evaluation appends ``{"tag", "step", "reward", <component>...}`` to
   ``module.eval_history`` (saved in checkpoints; the ``FitReport`` callback reads the ``start``
-  and ``end`` entries) and prints one line. ``tag`` is ``start``, ``end``, ``iteration`` (a
-  periodic one) or ``validate`` (``trainer.validate``); ``step`` is the number of iterations
-  trained (the policy version evaluated), also the step the loggers record the metrics at.
+  and ``end`` entries) and logs one INFO line (the ``periodic_rl`` logger). ``tag`` is
+  ``start``, ``end``, ``iteration`` (a periodic one) or ``validate`` (``trainer.validate``);
+  ``step`` is the number of iterations trained (the policy version evaluated), also the step
+  the loggers record the metrics at.
 
 Lightning's sanity check (``num_sanity_val_steps``, 0 from the CLI) runs the step on the first
 held-out prompt only: it checks that evaluation works, and Lightning discards what it logs.
@@ -27,12 +28,15 @@ held-out prompt only: it checks that evaluation works, and Lightning discards wh
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from periodic_rl.compat.lightning import is_last_batch, run_validation_loop
 from periodic_rl.rollout.types import GroupJob, SamplingConfig
 
 TAGS = ("start", "end", "iteration", "validate")
+
+log = logging.getLogger(__name__)
 
 
 class HeldOutEvaluation:
@@ -69,14 +73,15 @@ class HeldOutEvaluation:
                 sync_dist=True,  # every rank holds the same value (rank 0 generated for all)
             )
         # The x-axis of these metrics in the loggers: the policy version evaluated, as for the
-        # training metrics (Lightning takes a logged "step" as the step, ModelCheckpoint too).
+        # training metrics (Lightning takes a logged "step" as the step; :meth:`end` keeps it
+        # from naming later checkpoints).
         module.log("step", float(evaluated_version(module)), on_step=False, on_epoch=True,
                    batch_size=len(rows), sync_dist=True)  # fmt: skip
         self._count += len(rows)
         return means
 
     def epoch_end(self, module: Any) -> dict[str, Any] | None:
-        """Record the epoch's means in :attr:`history` and print them (not the sanity check)."""
+        """Record the epoch's means in :attr:`history` and log them (not the sanity check)."""
         trainer = module.trainer
         if trainer.sanity_checking or self._count == 0:
             return None
@@ -91,9 +96,15 @@ class HeldOutEvaluation:
         entry = {"tag": tag, **result, "step": float(step)}
         self.history.append(entry)
         summary = ", ".join(f"{k} {v:.3f}" for k, v in result.items())
-        if trainer.is_global_zero:  # every rank records the same evaluation; one prints it
-            print(f"[periodic_rl] held-out ({tag}, iteration {step}): {summary}")
+        if trainer.is_global_zero:  # every rank records the same evaluation; one logs it
+            log.info("held-out (%s, iteration %d): %s", tag, step, summary)
         return entry
+
+    def end(self, trainer: Any) -> None:
+        """After the evaluation's callbacks (its checkpoint among them) ran: forget the logged
+        ``step``, which ModelCheckpoint reads as the step of every later file it names (a
+        checkpoint holding iteration 10 named ``step=0`` after an evaluation at the start)."""
+        trainer.callback_metrics.pop("step", None)
 
     # ---- evaluations outside the training loop's own schedule ------------------------------
     def at_train_start(self, trainer: Any) -> None:
@@ -137,8 +148,11 @@ def held_out_scores(module: Any, rows: list[dict[str, Any]]) -> dict[str, list[f
     ]
     groups.sort(key=lambda g: g.index)
     scores = {"reward": [g.rewards[0] for g in groups]}
-    for name in groups[0].reward_components:
-        scores[name] = [g.reward_components[name][0] for g in groups]
+    # Every component column, named components included; one a row lacks (a reward that
+    # failed before its components were known, under reward_on_error: zero) scores 0 there.
+    names = dict.fromkeys(name for g in groups for name in g.reward_components)
+    for name in names:
+        scores[name] = [g.reward_components.get(name, [0.0])[0] for g in groups]
     return scores
 
 

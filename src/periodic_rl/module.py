@@ -8,19 +8,21 @@ order; then one optimizer step, after which the strategy pushes the new weights 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, closing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 import torch
 
 from periodic_rl import optim
-from periodic_rl.algorithms.losses import (
-    loss_denominator,
-)
+from periodic_rl.algorithms.advantages import AdvantageBaseline, ScaleRewards
+from periodic_rl.algorithms.losses import LossType, loss_denominator
+from periodic_rl.attention.backends import BuiltinBackend
 from periodic_rl.compat.lightning import attached_trainer
+from periodic_rl.compat.noise import quiet_known_noise
 from periodic_rl.config_checks import check_module_config, check_run_config
 from periodic_rl.evaluation import HeldOutEvaluation
 from periodic_rl.iteration import IterationStats
@@ -32,19 +34,27 @@ from periodic_rl.micro_batch import (
 )
 from periodic_rl.models import load_tokenizer, resolve_model
 from periodic_rl.module_setup import (
+    RunChoices,
     build_scorer,
     encode_prompt,
     load_policy,
     probe_rewards,
     reference_model,
+    resolve_choices,
+    resumed_at_the_end,
+    show_info_logs,
+    tokenizer_kwargs,
 )
 from periodic_rl.on_policy import check_on_policy
+from periodic_rl.optim import LRScheduler
+from periodic_rl.rewards import RewardOnError
+from periodic_rl.rollout.device_defaults import training_dtype
 from periodic_rl.rollout.types import RolloutGroup, SamplingConfig
 from periodic_rl.scoring import Scorer
 from periodic_rl.setup_checks import check_data_and_model
 from periodic_rl.sharding import shard_policy
 from periodic_rl.strategies.protocol import RolloutStrategy
-from periodic_rl.truncation import fit_prompts
+from periodic_rl.truncation import PromptTruncation, fit_prompts
 from periodic_rl.weight_sync.export import (
     lora_adapter_payload,
     lora_base_state_dict,
@@ -57,16 +67,27 @@ if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+log = logging.getLogger(__name__)
+
 
 class RLModule(L.LightningModule):
     """GRPO-family RL on a transformers causal LM, with manual optimization.
 
     Args:
-        model: a local directory, a hub id, or the alias ``smollm2-135m-instruct``.
+        model: a local directory, a hub id, or the alias ``smollm2-135m-instruct`` (the
+            ``demo`` extra).
         lora: peft ``LoraConfig`` arguments (e.g. ``{"r": 16, "lora_alpha": 32,
             "target_modules": "all-linear"}``), or None for full fine-tuning.
+        model_init_kwargs: passed to ``from_pretrained`` for the policy and the reference (TRL's
+            ``model_init_kwargs``): ``attn_implementation``, ``revision``, ``trust_remote_code``,
+            ``quantization_config`` (4-bit QLoRA with ``lora``), ``cache_dir``, ... The
+            tokenizer gets the ones that apply to it (``revision``, ``trust_remote_code``,
+            ``cache_dir``, ``token``, ``local_files_only``). ``dtype`` and ``device_map`` are
+            the module's and Lightning's. The rollout engines load ``model`` themselves: give a
+            vLLM engine the same ``revision`` / ``trust_remote_code`` in the strategy's
+            ``engine_kwargs`` (its weights are pushed from the policy either way).
         num_generations: samples per prompt (the group size G), at least 2.
-        max_new_tokens: completion length cap.
+        max_new_tokens: completion length cap (TRL's ``max_completion_length``, 256).
         mask_truncated_completions: zero loss weight for completions that hit
             ``max_new_tokens`` without EOS (TRL's option): out of the loss and the token
             normaliser, still in the group advantages. ``frac_truncated`` is always logged.
@@ -88,7 +109,7 @@ class RLModule(L.LightningModule):
             others, while the engines' behaviour log-probs are those of the processed
             distribution the tokens were drawn from, so setting any of them shows up as
             engine/trainer mismatch (``mismatch/*``) and ``tis_cap`` corrects for it.
-        learning_rate, weight_decay: AdamW settings.
+        learning_rate, weight_decay: AdamW settings (``learning_rate`` 1e-6: TRL's GRPO default).
         lr_scheduler: the learning-rate schedule over the run (``trainer.max_steps``
             iterations): ``constant``, ``constant_with_warmup``, ``linear``, ``cosine``,
             ``cosine_with_min_lr`` or another ``transformers.get_scheduler`` name
@@ -127,7 +148,10 @@ class RLModule(L.LightningModule):
             logp_behaviour), tis_cap)`` (detached), ``logp_behaviour`` being the log-prob the
             rollout engine sampled the token with (TRL's ``vllm_importance_sampling_cap``, verl's
             ``tis_imp_ratio_cap``; 2 is usual; :mod:`periodic_rl.algorithms.losses`).
-            None: off. Needs an engine that reports log-probs (``hf``, ``vllm``). The mismatch
+            None: off. Needs an engine that reports log-probs (``hf``, ``vllm``). ``auto`` (the
+            default): cap 2 whenever the engine's numerics differ from the trainer's (vLLM, or
+            another dtype), off with the ``hf`` engine in the trainer's dtype; off for an
+            engine of your own (:mod:`periodic_rl.rollout.device_defaults`). The mismatch
             itself is logged every iteration either way (``mismatch/abs_logp``, ``mismatch/kl``).
             With the strategy's ``max_staleness >= 1`` the correction is always on (the
             rollouts come from older weights), with cap 2 unless ``tis_cap`` is set.
@@ -139,19 +163,30 @@ class RLModule(L.LightningModule):
         reward_weights: one weight per reward function (default 1 each).
         reward_model: path of a sequence-classification reward model, added as a reward.
         reward_timeout_s: the longest one reward call (one group's completions) may take, in
-            seconds; None: no limit. The call runs in a thread that is abandoned on timeout
-            (Python cannot stop it; it lingers until it returns): a reward that may hang belongs
-            in a subprocess (``periodic_rl.sandbox``).
+            seconds; None: no limit. A call in the reward pool is stopped then (its process
+            killed); one in the trainer's process is abandoned (Python cannot stop a thread).
         reward_on_error: what a failing reward call does (it raised, timed out, or returned
             something other than one finite float per completion): ``raise`` stops the run
             with an error naming the reward, the prompt, the completion(s) and the fix;
             ``zero`` scores those samples 0 (only the bad entries when the output has the
             right length), warns once per reward and counts each failing call, logged every
-            iteration as ``rewards/failures`` and ``rewards/<name>/failures``
+            iteration as ``rewards/failures`` and ``rewards/<name>/failures``; a reward whose
+            every call failed for 3 iterations in a row stops the run
             (:mod:`periodic_rl.rewards`).
+        reward_workers: worker processes for the reward calls (:mod:`periodic_rl.reward_pool`):
+            module-level functions and other picklable rewards run there, off the trainer's
+            GIL and stoppable at ``reward_timeout_s``; the ``reward()`` override, lambdas and
+            ``RewardModel`` stay in the trainer's process. 0: every reward in the trainer's
+            process.
         shared_prompt: encode each prompt once per group in training forwards.
         attention_backend: shared-prompt attention backend (``auto``, ``sdpa``, ``split``, ...).
-        dtype: weight dtype of the policy (``float32``, ``bfloat16``).
+        dtype: weight dtype of the policy (``float32``, ``bfloat16``, ``float16``), or
+            ``auto``: bfloat16 when training on CUDA, float32 on the CPU
+            (:mod:`periodic_rl.rollout.device_defaults`).
+        disable_dropout: set every dropout of the policy and the reference to 0 after loading
+            (TRL's option): the rollouts are sampled without dropout, so training log-probs
+            computed with it would not be those of the distribution they came from.
+            ``False`` keeps the model's dropout.
         gradient_checkpointing: trade compute for activation memory.
         system_prompt: prepended as a system message to string prompts.
         eval_max_new_tokens: completion cap of the held-out evaluation (default max_new_tokens).
@@ -165,23 +200,24 @@ class RLModule(L.LightningModule):
 
     def __init__(
         self,
-        model: str = "smollm2-135m-instruct",
+        model: str,
         lora: dict[str, Any] | None = None,
+        model_init_kwargs: dict[str, Any] | None = None,
         num_generations: int = 8,
-        max_new_tokens: int = 32,
+        max_new_tokens: int = 256,
         mask_truncated_completions: bool = False,
         overlong_buffer: int | None = None,
         overlong_penalty: float = 1.0,
         max_prompt_length: int | None = None,
-        prompt_truncation: str = "left",
+        prompt_truncation: PromptTruncation = "left",
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
         min_p: float = 0.0,
         repetition_penalty: float = 1.0,
-        learning_rate: float = 1e-5,
+        learning_rate: float = 1e-6,
         weight_decay: float = 0.0,
-        lr_scheduler: str = "constant",
+        lr_scheduler: LRScheduler = "constant",
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         lr_scheduler_kwargs: dict[str, Any] | None = None,
@@ -190,22 +226,24 @@ class RLModule(L.LightningModule):
         dynamic_sampling: bool = False,
         dynamic_sampling_max_batches: int = 4,
         dynamic_sampling_spares_ahead: int = 0,
-        loss_type: str = "dapo",
+        loss_type: LossType = "dapo",
         beta: float = 0.0,
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
-        tis_cap: float | None = None,
-        scale_rewards: str = "group",
-        advantage_baseline: str = "grpo",
+        tis_cap: float | Literal["auto"] | None = "auto",
+        scale_rewards: ScaleRewards = "group",
+        advantage_baseline: AdvantageBaseline = "grpo",
         max_grad_norm: float | None = 1.0,
         reward_funcs: list[str | Callable[..., Sequence[float]]] | None = None,
         reward_weights: list[float] | None = None,
         reward_model: str | None = None,
         reward_timeout_s: float | None = 300.0,
-        reward_on_error: str = "raise",
+        reward_on_error: RewardOnError = "raise",
+        reward_workers: int = 1,
         shared_prompt: bool = True,
-        attention_backend: str = "auto",
-        dtype: str = "float32",
+        attention_backend: BuiltinBackend | str = "auto",
+        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        disable_dropout: bool = True,
         gradient_checkpointing: bool = False,
         system_prompt: str | None = None,
         eval_max_new_tokens: int | None = None,
@@ -214,7 +252,7 @@ class RLModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        check_module_config(locals())
+        check_module_config(locals(), RLModule.__init__)
         self.save_hyperparameters(ignore=["reward_funcs"])
         self.automatic_optimization = False
         self.strict_loading = lora is None  # LoRA checkpoints hold the adapter only
@@ -228,6 +266,8 @@ class RLModule(L.LightningModule):
         self.loaded_policy_version = 0  # the checkpoint's, for trainer.validate
         self._loaded_ahead: dict[str, Any] = {}  # the checkpoint's bounded-staleness schedule
         self.last_iteration: IterationStats | None = None
+        self._choices: RunChoices | None = None  # resolved once the strategy is set up
+        self.nothing_to_train = False  # resumed at max_steps: the strategy starts no engines
 
     # ---- what users override -------------------------------------------------------------
     def reward(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float]:
@@ -241,13 +281,22 @@ class RLModule(L.LightningModule):
     def configure_model(self) -> None:
         """Load the policy (and, when needed, a frozen reference) once, on the right device."""
         if self.policy is None:
-            self.tokenizer = load_tokenizer(self.model_path)
-            self.policy, self.reference = load_policy(self.model_path, self.hparams)
+            self.tokenizer = load_tokenizer(
+                self.model_path, **tokenizer_kwargs(self.hparams.get("model_init_kwargs"))
+            )
+            trainer = attached_trainer(self)
+            device = trainer.strategy.root_device.type if trainer is not None else "cpu"
+            dtype = training_dtype(self.hparams.get("dtype", "auto"), device)
+            self.policy, self.reference = load_policy(self.model_path, self.hparams, dtype)
             if self.device_mesh is not None:  # periodic_async_fsdp (ModelParallelStrategy)
                 shard_policy(self.policy, self.device_mesh["data_parallel"])
 
     def setup(self, stage: str) -> None:
         """Build the scorer and check the rewards on a real row before any engine starts."""
+        show_info_logs()
+        quiet_known_noise()  # again: a warnings.catch_warnings block may have dropped them
+        self._choices = None  # this fit's strategy decides them
+        self.nothing_to_train = False
         self.configure_model()
         trainer = attached_trainer(self)
         if trainer is not None and stage == "fit":
@@ -348,7 +397,7 @@ class RLModule(L.LightningModule):
             self._update(optimizer, stats)
         strategy.publish(self.trainer.global_step)  # the next iteration's weights
         if self.hparams.get("reward_on_error", "raise") == "zero":  # rewards/*failures
-            stats.reward_failures = self.scorer.take_failures()
+            stats.reward_failures = self.scorer.end_iteration()  # or stop: a reward is broken
         stats.finished = time.perf_counter()
         self.last_iteration = stats  # logged by the RLMetrics callback
 
@@ -401,6 +450,21 @@ class RLModule(L.LightningModule):
     def reference_policy(self) -> AbstractContextManager[torch.nn.Module]:
         return reference_model(self.policy, self.reference, self.hparams.lora is not None)
 
+    @property
+    def run_choices(self) -> RunChoices:
+        """What this run resolved from its settings and its training device (dtype, engine
+        dtype, the ``tis_cap`` the loss uses), once its strategy is set up."""
+        if self._choices is None:
+            self._choices = resolve_choices(
+                self.hparams, self.rollout_strategy(), self.trainer.precision
+            )
+        return self._choices
+
+    @property
+    def resolved_tis_cap(self) -> float | None:
+        """The truncated-importance-sampling cap the loss uses (``tis_cap: auto`` resolved)."""
+        return self.run_choices.tis_cap
+
     def rollout_strategy(self) -> RolloutStrategy:
         """The trainer's strategy, which must own the rollout side."""
         strategy = self.trainer.strategy
@@ -419,6 +483,8 @@ class RLModule(L.LightningModule):
         strategy.sync_version(self.trainer.global_step, self.hparams.num_iterations)  # resumed
         strategy.resume_ahead(self._loaded_ahead)  # and their bounded-staleness schedule
         self._loaded_ahead = {}
+        if self.trainer.is_global_zero:
+            log.info("run: %s", self.run_choices.describe())
         if self.hparams.eval_at_start:
             self.held_out.at_train_start(self.trainer)
 
@@ -435,6 +501,9 @@ class RLModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self.held_out.epoch_end(self)
+
+    def on_validation_end(self) -> None:
+        self.held_out.end(self.trainer)
 
     @property
     def eval_history(self) -> list[dict[str, Any]]:
@@ -462,9 +531,18 @@ class RLModule(L.LightningModule):
         self.held_out.history = list(state.get("eval_history", []))
         self.loaded_policy_version = int(state.get("policy_version", 0))
         self._loaded_ahead = state.get("ahead", {})
+        self.nothing_to_train = resumed_at_the_end(attached_trainer(self), checkpoint)
+
+    def teardown(self, stage: str) -> None:
+        """Stop the reward pool's workers at the end of the fit (or validate)."""
+        if self.scorer is not None:
+            self.scorer.close()
 
     def configure_callbacks(self) -> list[Any]:
-        """Metrics of every iteration are always logged (replace with your own RLMetrics)."""
-        from periodic_rl.callbacks.rl_metrics import RLMetrics
+        """The default callbacks whose type the trainer does not hold already: metrics, and
+        with a logger the artefacts (samples, timelines, exported model, report) in the run's
+        log folder (:mod:`periodic_rl.callbacks.defaults`). Pass your own instance of one in
+        ``trainer.callbacks`` to configure it; override this method to add none."""
+        from periodic_rl.callbacks.defaults import default_callbacks
 
-        return [RLMetrics()]
+        return default_callbacks(self.trainer)

@@ -4,23 +4,40 @@ row, and the token ids of a prompt."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import DTYPES
 from periodic_rl.models import TOKENIZER_LOCK, load_causal_lm
 from periodic_rl.rewards import RewardModel, resolve_reward
+from periodic_rl.rollout.device_defaults import importance_cap, training_dtype
 from periodic_rl.scoring import Scorer
 from periodic_rl.truncation import eos_token_ids
 
+#: The ``model_init_kwargs`` that ``AutoTokenizer.from_pretrained`` takes too: the tokenizer
+#: comes from the same revision and place as the weights.
+TOKENIZER_KWARGS = ("revision", "trust_remote_code", "cache_dir", "token", "local_files_only")
 
-def load_policy(model_path: str, h: Any) -> tuple[Any, Any]:
+
+def tokenizer_kwargs(model_init_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The entries of ``model_init_kwargs`` that the tokenizer's ``from_pretrained`` takes."""
+    return {k: v for k, v in (model_init_kwargs or {}).items() if k in TOKENIZER_KWARGS}
+
+
+def load_policy(model_path: str, h: Any, dtype: str) -> tuple[Any, Any]:
     """The trainable policy (a peft model with ``lora``) and the frozen reference: a copy of
     the initial weights for full fine-tuning with ``beta > 0``, else None (with LoRA the
-    reference is the policy with its adapter disabled, :func:`reference_model`)."""
-    policy = load_causal_lm(model_path, dtype=DTYPES[h.dtype])
+    reference is the policy with its adapter disabled, :func:`reference_model`). ``dtype``:
+    the weights' dtype, resolved for the device (:func:`~periodic_rl.rollout.device_defaults.
+    training_dtype`). With ``disable_dropout`` (the default) neither computes with dropout."""
+    init_kwargs = h.get("model_init_kwargs") or {}  # from_pretrained's own arguments
+    policy = load_causal_lm(model_path, dtype=DTYPES[dtype], **init_kwargs)
     reference = None
     if h.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
@@ -30,10 +47,96 @@ def load_policy(model_path: str, h: Any) -> tuple[Any, Any]:
 
         policy = get_peft_model(policy, LoraConfig(**{"task_type": "CAUSAL_LM", **h.lora}))
     elif h.beta > 0:
-        reference = load_causal_lm(model_path, dtype=DTYPES[h.dtype])
+        reference = load_causal_lm(model_path, dtype=DTYPES[dtype], **init_kwargs)
         reference.requires_grad_(False)
+    if h.get("disable_dropout", True):
+        for model in (policy, reference):
+            if model is not None:
+                disable_dropout(model)
     policy.train()
     return policy, reference
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Switch dropout off for good, whatever mode ``model`` is in: the rollouts were sampled
+    without it, so a policy trained in ``train()`` mode with it would not compute the
+    distribution they came from (TRL's ``disable_dropout``). Every dropout module gets
+    ``p = 0``, and so do the float ``*dropout`` / ``*_pdrop`` fields of the configs and of the
+    modules that apply dropout functionally (attention's ``attention_dropout``)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+            continue
+        for name, value in list(vars(module).items()):
+            if _is_dropout_rate(name, value):
+                setattr(module, name, 0.0)
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            for name, value in config.to_dict().items():
+                if _is_dropout_rate(name, value):
+                    setattr(config, name, 0.0)
+
+
+def _is_dropout_rate(name: str, value: Any) -> bool:
+    return (
+        (name.endswith("dropout") or name.endswith("_pdrop"))
+        and isinstance(value, float)
+        and value > 0
+    )
+
+
+@dataclass(frozen=True)
+class RunChoices:
+    """What a run resolved from its settings and its training device: logged once at the start
+    (:meth:`describe`); ``tis_cap`` is what the loss uses."""
+
+    device: str
+    dtype: str
+    precision: str
+    engine: str
+    engine_dtype: str | None
+    tis_cap: float | None
+    tuning: str | None = None
+
+    def describe(self) -> str:
+        correction = f"on, cap {self.tis_cap:g}" if self.tis_cap is not None else "off"
+        parts = [
+            f"trainer on {self.device}, {self.dtype} weights, precision {self.precision}",
+            f"rollouts: {self.engine} engine in {self.engine_dtype or 'its own dtype'}",
+            f"engine/trainer correction (tis_cap) {correction}",
+        ]
+        if self.tuning:
+            parts.append(f"hardware tuning {self.tuning}")
+        return "; ".join(parts)
+
+
+def resolve_choices(h: Any, strategy: Any, precision: str = "32-true") -> RunChoices:
+    """The device-dependent choices (:mod:`periodic_rl.rollout.device_defaults`) of a module
+    with hyperparameters ``h`` trained by ``strategy``, a Lightning strategy that is a
+    :class:`~periodic_rl.strategies.protocol.RolloutStrategy`."""
+    dtype = training_dtype(h.get("dtype", "auto"), strategy.root_device.type)
+    engine, engine_dtype = strategy.rollout_engine, strategy.rollout_engine_dtype
+    return RunChoices(
+        device=str(strategy.root_device),
+        dtype=dtype,
+        precision=str(precision),
+        engine=engine,
+        engine_dtype=engine_dtype,
+        tis_cap=importance_cap(h.get("tis_cap", "auto"), engine, engine_dtype, dtype),
+        tuning=_describe_tuning(getattr(strategy, "tuning", None)),
+    )
+
+
+def _describe_tuning(tuning: Any) -> str | None:
+    """The tuner and the cores it pins each side to, or None without one."""
+    if tuning is None or type(tuning).__name__ == "HardwareTuning":
+        return None
+    shown = ", ".join(
+        f"{key} {getattr(tuning, key)}"
+        for key in ("worker_cores", "trainer_cores")
+        if getattr(tuning, key, None) is not None
+    )
+    return f"{type(tuning).__name__}({shown})"
 
 
 def reference_model(policy: Any, reference: Any, lora: bool) -> Any:
@@ -54,14 +157,18 @@ def _adapter_disabled(policy: Any) -> Iterator[Any]:
 
 def build_scorer(module: Any, source: Any) -> Scorer:
     """The module's rewards: ``reward_funcs`` (plus ``reward_model``), else the data source's
-    task rewards, else the module's own :meth:`reward`."""
+    task rewards, else the module's own :meth:`reward`. A scorer the module already had (an
+    earlier fit) is closed first: its reward pool's workers stop."""
     h = module.hparams
+    if getattr(module, "scorer", None) is not None:
+        module.scorer.close()
     funcs = [resolve_reward(spec) for spec in module.reward_specs]
     weights = list(h.reward_weights or [])
+    trainer = attached_trainer(module)
+    device = trainer.strategy.root_device if trainer is not None else None
     if h.reward_model:  # scores on the training device
-        trainer = attached_trainer(module)
-        device = trainer.strategy.root_device if trainer is not None else None
         funcs.append(RewardModel(h.reward_model, device=device))
+    place_reward_models(funcs, device)
     if not funcs and source is not None and source.reward_funcs:
         funcs = list(source.reward_funcs)
         weights = weights or list(source.reward_weights or [])
@@ -80,7 +187,16 @@ def build_scorer(module: Any, source: Any) -> Scorer:
         overlong_penalty=h.overlong_penalty,
         reward_timeout_s=h.get("reward_timeout_s", 300.0),
         reward_on_error=h.get("reward_on_error", "raise"),
+        reward_workers=h.get("reward_workers", 1),
     )
+
+
+def place_reward_models(funcs: list[Any], device: Any) -> None:
+    """Move each :class:`RewardModel` built without a device of its own to ``device`` (the
+    training device; None: leave it where it is)."""
+    for func in funcs:
+        if isinstance(func, RewardModel) and func.requested_device is None and device is not None:
+            func.to(device)
 
 
 def probe_rewards(module: Any, row: dict[str, Any]) -> None:
@@ -121,3 +237,37 @@ def _encode_prompt(
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def show_info_logs() -> None:
+    """Make the library's INFO records (the run's choices, held-out results) visible, the way
+    Lightning shows its own: the ``periodic_rl`` logger gets level INFO and, when neither it
+    nor the root logger has a handler (nobody configured logging), a handler of its own.
+    Whatever the user configured is left as it is; calling it again changes nothing."""
+    logger = logging.getLogger("periodic_rl")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[periodic_rl] %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def resumed_at_the_end(trainer: Any, checkpoint: dict[str, Any]) -> bool:
+    """Whether a fit resumes from a checkpoint that already reached ``trainer.max_steps``:
+    nothing is left to train, which is said here, once; the strategy then starts no engines
+    and Lightning's loop ends at once (exit status 0)."""
+    if trainer is None or trainer.state.fn != "fit" or not trainer.max_steps > 0:
+        return False
+    step = int(checkpoint.get("global_step", 0))
+    if step < trainer.max_steps:
+        return False
+    if trainer.is_global_zero:
+        logging.getLogger(__name__).info(
+            "the checkpoint is at step %d and trainer.max_steps is %d: nothing left to train "
+            "(raise max_steps to train further)",
+            step,
+            trainer.max_steps,
+        )
+    return True

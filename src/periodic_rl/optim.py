@@ -18,7 +18,7 @@ resumed run continues the schedule where it stopped.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -26,21 +26,32 @@ import torch
 # not a learning-rate schedule.
 REFUSED = ("reduce_lr_on_plateau", "greedy")
 
+#: The ``lr_scheduler`` values: ``transformers.get_scheduler``'s names but :data:`REFUSED`
+#: (``tests/test_config_checks.py`` checks the list against the installed transformers).
+LRScheduler = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+]
+
 
 def scheduler_names() -> list[str]:
     """The accepted ``lr_scheduler`` values."""
-    from transformers.trainer_utils import SchedulerType
-
-    return [s.value for s in SchedulerType if s.value not in REFUSED]
+    return list(get_args(LRScheduler))
 
 
 def check_schedule(
     lr_scheduler: str, warmup_steps: int, warmup_ratio: float, kwargs: dict[str, Any] | None
 ) -> None:
-    """Refuse a bad schedule at construction, naming the field and the fix."""
-    names = scheduler_names()
-    if lr_scheduler not in names:
-        raise ValueError(f"lr_scheduler must be one of {names}, got {lr_scheduler!r}")
+    """Refuse bad warm-up or schedule arguments at construction, naming the field and the
+    fix (the name itself is checked against :data:`LRScheduler` with the other choices)."""
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if not 0.0 <= warmup_ratio < 1.0:

@@ -1,7 +1,10 @@
 """Reward functions: resolving them from config, calling them, and checking what they return.
 
 A reward is a plain callable ``(prompts, completions, **columns) -> list[float]`` (TRL's
-convention): extra dataset columns arrive as keyword lists aligned with ``completions``.
+convention): extra dataset columns arrive as keyword lists aligned with ``completions``. It may
+instead return named components, a dict ``{name: list[float]}``: each is logged on its own
+(``rewards/<name>``, and a held-out column ``eval/<name>``), and their sum, times the reward's
+weight, is its part of the total.
 
 Rewards that fail (:class:`~periodic_rl.scoring.Scorer` applies this to every call):
 
@@ -19,13 +22,17 @@ a string, not a number    the entry
 Every error names the reward, shows the (truncated) prompt and completion(s), and says what to
 return instead. Under ``zero`` each failing *call* (one group's completions, whatever the number
 of bad entries) counts once, logged as ``rewards/failures`` and ``rewards/<name>/failures``, and
-the first failure of each reward is also a warning with the same text.
+the first failure of each reward is also a warning with the same text. A reward whose every
+call failed for :data:`~periodic_rl.scoring.STOP_AFTER_FAILED_ITERATIONS` iterations in a row
+stops the run with a :class:`RewardError` naming it and its first failure: the run was learning
+nothing from it.
 
-The timeout: the call runs in a daemon thread and is waited for ``reward_timeout_s``; Python
-cannot stop a thread, so a call that never returns is abandoned and its thread lingers (idle
-CPU at best, the stuck work at worst) until the process exits. A reward that may hang (running
-generated code, a solver) belongs in a subprocess that can be killed: the sandbox of
-``periodic_rl.sandbox``.
+The timeout: a reward that runs in the reward pool (:mod:`periodic_rl.reward_pool`, the
+default for module-level functions) is stopped at ``reward_timeout_s``, its process killed. One
+that runs in the trainer's process (the ``reward()`` override, a lambda, a
+:class:`RewardModel`; or every reward with ``reward_workers: 0``) runs in a daemon thread that
+is waited for ``reward_timeout_s``; Python cannot stop a thread, so a call that never returns is
+abandoned and its thread lingers until the process exits.
 """
 
 from __future__ import annotations
@@ -33,16 +40,17 @@ from __future__ import annotations
 import importlib
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
-RewardFunc = Callable[..., Sequence[float]]
+RewardFunc = Callable[..., Sequence[float] | Mapping[str, Sequence[float]]]
 
 #: ``reward_on_error``: stop the run at the first failing reward call, or score it 0 and go on.
-REWARD_ON_ERROR = ("raise", "zero")
+RewardOnError = Literal["raise", "zero"]
+REWARD_ON_ERROR: tuple[str, ...] = get_args(RewardOnError)
 #: what a ``raise`` error says to switch to the other policy.
 ZERO_HINT = "set reward_on_error: zero to score such samples 0 and go on"
 SNIPPET_CHARS = 200  # prompt and completion text shown in an error
@@ -112,15 +120,17 @@ class RewardCheck:
     def ok(self) -> bool:
         return self.whole is None and not self.entries
 
-    def problem(self, name: str, expected: int) -> str:
-        """The first thing wrong, as a sentence that names the reward and what to return."""
+    def problem(self, name: str, expected: int, component: str | None = None) -> str:
+        """The first thing wrong, as a sentence that names the reward (and the component of
+        a dict it returned) and what to return."""
+        who = f"reward '{name}'" + (f" component '{component}'" if component else "")
         if self.whole is not None:
-            return f"reward '{name}' {self.whole}; return a list of one float per completion"
+            return f"{who} {self.whole}; return a list of one float per completion"
         where = sorted(self.entries)
         first = where[0]
         more = f" (and {len(where) - 1} more: completions {where[1:6]})" if len(where) > 1 else ""
         return (
-            f"reward '{name}' returned {self.entries[first]} for completion {first} of "
+            f"{who} returned {self.entries[first]} for completion {first} of "
             f"{expected}{more}; return a finite float for every completion (0.0 for one it "
             "cannot score)"
         )
@@ -147,6 +157,22 @@ def inspect_rewards(values: Any, expected: int) -> RewardCheck:
             number = 0.0
         out.append(number)
     return RewardCheck(out, None, entries)
+
+
+def split_components(name: str, values: Any) -> dict[str, Any]:
+    """What a reward returned, by the name each part is logged under: a dict's own items (named
+    components), else ``{name: values}``. A dict with no items, or a key that is not a
+    non-empty string, is a :class:`RewardError`."""
+    if not isinstance(values, Mapping):
+        return {name: values}
+    bad = [k for k in values if not isinstance(k, str) or not k]
+    if not values or bad:
+        what = "an empty dict" if not values else f"a dict with the key {bad[0]!r}"
+        raise RewardError(
+            f"reward '{name}' returned {what}; named components are a dict of "
+            "{'name': [one float per completion], ...} with non-empty string names"
+        )
+    return dict(values)
 
 
 def check_rewards(name: str, values: Any, expected: int) -> list[float]:
@@ -188,7 +214,7 @@ def _safe_float(value: Any) -> float | None:
 
 def snippet(text: Any, limit: int = SNIPPET_CHARS) -> str:
     """``text`` (a prompt may be chat messages) on one line, cut to ``limit`` characters."""
-    text = _as_text(text) if not isinstance(text, str) else text
+    text = as_text(text) if not isinstance(text, str) else text
     text = text.replace("\n", "\\n")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -245,9 +271,20 @@ class RewardModel:
     """A frozen sequence-classification model used as a reward: the score of prompt+completion.
 
     Loaded once from a local path (or hub id), frozen and in eval mode; runs without gradients on
-    ``device``. The trainer passes its training device (``device=...`` or :meth:`to`); without
-    one it stays on the CPU. Inputs follow the model wherever it is moved.
+    ``device``: its own device (``"cpu"`` while the policy trains on ``"cuda:0"``, or
+    ``"cuda:1"``), or, when None, the training device, where the trainer moves it at set-up
+    (``requested_device`` keeps the choice). Built outside a trainer without one, it stays on
+    the CPU. Inputs follow the model wherever it is moved. It runs in the trainer's process (a
+    model on a device is not sent to the reward pool: ``reward_in_process``).
+
+    From YAML, on a device of its own::
+
+        reward_funcs:
+          - class_path: periodic_rl.rewards.RewardModel
+            init_args: {path: /models/my-rm, device: cpu}
     """
+
+    reward_in_process = True
 
     def __init__(
         self,
@@ -266,6 +303,7 @@ class RewardModel:
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.eval().requires_grad_(False)
         self.batch_size = batch_size
+        self.requested_device = None if device is None else torch.device(device)
         if device is not None:
             self.to(device)
 
@@ -281,7 +319,7 @@ class RewardModel:
 
     @torch.no_grad()
     def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float]:
-        texts = [_as_text(p) + c for p, c in zip(prompts, completions, strict=True)]
+        texts = [as_text(p) + c for p, c in zip(prompts, completions, strict=True)]
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(
@@ -292,7 +330,8 @@ class RewardModel:
         return scores
 
 
-def _as_text(prompt: Any) -> str:
+def as_text(prompt: Any) -> str:
+    """A prompt as text: itself, or its chat messages' contents, one per line."""
     if isinstance(prompt, str):
         return prompt
     return "\n".join(str(m.get("content", "")) for m in prompt)

@@ -1,4 +1,8 @@
-"""Turning generated token ids into scored groups: decode, reward, advantages."""
+"""Turning generated token ids into scored groups: decode, reward, advantages.
+
+Where each reward call runs (the reward pool or the trainer's process) is
+:mod:`periodic_rl.reward_pool`'s rule; what a failing call does is :mod:`periodic_rl.rewards`'.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch
 
 from periodic_rl.algorithms.advantages import group_advantages
 from periodic_rl.models import TOKENIZER_LOCK
+from periodic_rl.reward_pool import RewardPool
 from periodic_rl.rewards import (
     ZERO_HINT,
     RewardError,
@@ -23,9 +28,14 @@ from periodic_rl.rewards import (
     check_reward_policy,
     inspect_rewards,
     reward_name,
+    split_components,
 )
 from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup
 from periodic_rl.truncation import is_truncated, overlong_penalty
+
+#: Under ``reward_on_error: zero``, a reward whose every call failed for this many iterations in
+#: a row stops the run (:meth:`Scorer.end_iteration`): it is broken, not flaky.
+STOP_AFTER_FAILED_ITERATIONS = 3
 
 
 @dataclass
@@ -40,6 +50,10 @@ class Scorer:
     ``eos_token_ids`` (``RolloutGroup.truncated``); with ``overlong_buffer`` set too, it adds
     DAPO's soft overlong penalty (:func:`~periodic_rl.truncation.overlong_penalty`) to each total
     reward before the advantages, as the component ``overlong``.
+
+    With ``reward_workers > 0`` the rewards that can run in another process do so, in a
+    :class:`~periodic_rl.reward_pool.RewardPool` started at the first call; :meth:`close` stops
+    it.
     """
 
     tokenizer: Any
@@ -54,7 +68,13 @@ class Scorer:
     overlong_penalty: float = 1.0
     reward_timeout_s: float | None = None
     reward_on_error: str = "raise"
+    reward_workers: int = 0
+    pool: RewardPool = field(init=False, repr=False)  # the pooled rewards' workers
     _failures: Counter = field(default_factory=Counter, init=False, repr=False)
+    _calls: Counter = field(default_factory=Counter, init=False, repr=False)
+    _streaks: Counter = field(default_factory=Counter, init=False, repr=False)
+    _first_failure: dict = field(default_factory=dict, init=False, repr=False)
+    _component_names: dict = field(default_factory=dict, init=False, repr=False)
     _warned: set = field(default_factory=set, init=False, repr=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -74,6 +94,12 @@ class Scorer:
             raise ValueError("overlong_buffer needs max_new_tokens (the length it counts from)")
         if self.reward_on_error == "zero" and "failures" in names:
             raise ValueError("a reward function named 'failures' clashes with rewards/failures")
+        extra = [self.accuracy_func] if self.accuracy_func is not None else []
+        self.pool = RewardPool([*self.reward_funcs, *extra], self.reward_workers)
+
+    def close(self) -> None:
+        """Stop the reward pool's workers (the next call would start new ones)."""
+        self.pool.close()
 
     def rewards(
         self,
@@ -86,21 +112,23 @@ class Scorer:
 
         ``count``: count failing calls (under ``reward_on_error: zero``) for
         :meth:`take_failures`; the set-up probe and held-out evaluation do not."""
-        components = {}
-        for func in self.reward_funcs:
+        components: dict[str, list[float]] = {}
+        totals = [0.0] * len(completions)
+        for func, weight in zip(self.reward_funcs, self.reward_weights, strict=True):
             name = reward_name(func)
-            components[name] = self._call(func, name, prompts, completions, columns, count)
-        totals = [
-            sum(
-                w * components[reward_name(f)][i]
-                for f, w in zip(self.reward_funcs, self.reward_weights, strict=True)
-            )
-            for i in range(len(completions))
-        ]
+            parts = self._call(func, name, prompts, completions, columns, count)
+            for part, values in parts.items():
+                if part in components:
+                    raise RewardError(
+                        f"reward '{name}' returned a component named '{part}', a name another "
+                        "reward or component already has; give every reward and component its "
+                        "own name (each is logged as rewards/<name>)"
+                    )
+                components[part] = values
+                totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
         if self.accuracy_func is not None and "accuracy" not in components:
-            components["accuracy"] = self._call(
-                self.accuracy_func, "accuracy", prompts, completions, columns, count
-            )
+            parts = self._call(self.accuracy_func, "accuracy", prompts, completions, columns, count)
+            components.update(parts)
         return totals, components
 
     def failure_names(self) -> list[str]:
@@ -113,10 +141,39 @@ class Scorer:
     def take_failures(self) -> dict[str, int]:
         """Failing reward calls per reward name since the last take (every name, 0 included),
         and reset: what ``rewards/<name>/failures`` logs each iteration."""
+        return self._take()[0]
+
+    def end_iteration(self) -> dict[str, int]:
+        """:meth:`take_failures`, at the end of an iteration; raises :class:`RewardError` (and
+        stops the pool) once a reward's every call failed for
+        :data:`STOP_AFTER_FAILED_ITERATIONS` iterations in a row, naming it and its first
+        failure. An iteration in which a reward was not called leaves its count as it was."""
+        failures, calls = self._take()
+        for name, called in calls.items():
+            if called and failures[name] == called:
+                self._streaks[name] += 1
+            elif called:
+                self._streaks.pop(name, None)
+                self._first_failure.pop(name, None)
+        for name, streak in self._streaks.items():
+            if streak >= STOP_AFTER_FAILED_ITERATIONS:
+                self.close()
+                raise RewardError(
+                    f"reward '{name}' failed on every call for {streak} iterations in a row: "
+                    "under reward_on_error: zero its samples all scored 0, so the run learnt "
+                    "nothing from it; the run stops. Fix the reward; its first failure in this "
+                    f"run of failures:\n{self._first_failure.get(name, '')}"
+                )
+        return failures
+
+    def _take(self) -> tuple[dict[str, int], dict[str, int]]:
         with self._lock:
-            taken = {name: self._failures[name] for name in self.failure_names()}
+            names = self.failure_names()
+            taken = {name: self._failures[name] for name in names}
+            calls = {name: self._calls[name] for name in names}
             self._failures.clear()
-        return taken
+            self._calls.clear()
+        return taken, calls
 
     def _call(
         self,
@@ -126,34 +183,60 @@ class Scorer:
         completions: list[str],
         columns: dict[str, list[Any]],
         count: bool,
-    ) -> list[float]:
-        """One reward call, checked, with the timeout and the failure policy applied."""
+    ) -> dict[str, list[float]]:
+        """One reward call, checked, with the timeout and the failure policy applied: its
+        values by name (the reward's, or each named component's)."""
         n = len(completions)
         everyone = range(n)
+        if count:
+            with self._lock:
+                self._calls[name] += 1
+        zeros = {k: [0.0] * n for k in self._component_names.get(name, [name])}
+        pooled = self.pool.runs(name)
         try:
-            values = call_reward(func, name, prompts, completions, columns, self.reward_timeout_s)
+            if pooled:
+                values = self.pool.call(name, prompts, completions, columns, self.reward_timeout_s)
+            else:
+                values = call_reward(
+                    func, name, prompts, completions, columns, self.reward_timeout_s
+                )
+            parts = split_components(name, values)
         except RewardTimeoutError as error:
+            what = (
+                "the call was stopped (its worker process killed)"
+                if pooled
+                else "the call is abandoned (it runs in the trainer's process, where its thread "
+                "lingers until it returns; a module-level function given as reward_funcs runs "
+                "in the reward pool, where a timeout stops it)"
+            )
             message = (
                 f"reward '{name}' did not return within reward_timeout_s={self.reward_timeout_s}"
-                f" s on a call with {n} completions; the call is abandoned (its thread lingers "
-                "until it returns). Make the reward faster, raise reward_timeout_s, run it in a "
-                f"subprocess that can be killed (periodic_rl.sandbox), or {ZERO_HINT}"
+                f" s on a call with {n} completions; {what}. Make the reward faster, raise "
+                f"reward_timeout_s, or {ZERO_HINT}"
             )
-            return self._fail(name, message, prompts, completions, everyone, count, error, True)
+            self._fail(name, message, prompts, completions, everyone, count, error, True)
+            return zeros
         except Exception as error:  # noqa: BLE001 - the policy decides
             message = (
                 f"reward '{name}' raised {type(error).__name__}: {error} (a call with {n} "
                 "completions); fix the reward or have it return 0.0 for what it cannot score, "
                 f"or {ZERO_HINT}"
             )
-            return self._fail(name, message, prompts, completions, everyone, count, error)
-        check = inspect_rewards(values, n)
-        if check.ok:
-            return check.values
-        message = f"{check.problem(name, n)}, or {ZERO_HINT}"
-        shown = everyone if check.whole is not None else sorted(check.entries)
-        self._fail(name, message, prompts, completions, shown, count)
-        return check.values  # under "zero": the bad entries (or all of them) are 0.0
+            self._fail(name, message, prompts, completions, everyone, count, error)
+            return zeros
+        if parts.keys() != {name}:
+            self._component_names[name] = list(parts)
+        out: dict[str, list[float]] = {}
+        problem, shown = None, []
+        for part, part_values in parts.items():
+            check = inspect_rewards(part_values, n)
+            out[part] = check.values  # under "zero": the bad entries (or all of them) are 0.0
+            if not check.ok and problem is None:
+                problem = check.problem(name, n, part if part != name else None)
+                shown = everyone if check.whole is not None else sorted(check.entries)
+        if problem is not None:
+            self._fail(name, f"{problem}, or {ZERO_HINT}", prompts, completions, shown, count)
+        return out
 
     def _fail(
         self,
@@ -173,6 +256,7 @@ class Scorer:
         with self._lock:
             if count:
                 self._failures[name] += 1
+                self._first_failure.setdefault(name, text)
             first = name not in self._warned
             self._warned.add(name)
         if first:  # once per reward: the counters say how often

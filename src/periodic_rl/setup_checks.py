@@ -44,7 +44,8 @@ def check_data_and_model(module: Any, source: Any, strategy: Any) -> None:
         )
     if h.shared_prompt:
         device = getattr(strategy, "root_device", None)
-        check_packed_path(module.policy, h.attention_backend, h.dtype, device)
+        dtype = str(module.policy.dtype).removeprefix("torch.")  # dtype: auto, resolved
+        check_packed_path(module.policy, h.attention_backend, dtype, device)
 
 
 def check_chat_template(

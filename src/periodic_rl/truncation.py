@@ -47,11 +47,12 @@ refuses it before the iteration generates anything.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
-PROMPT_TRUNCATION: tuple[str, ...] = ("left", "error")
+PromptTruncation = Literal["left", "error"]
+PROMPT_TRUNCATION: tuple[str, ...] = get_args(PromptTruncation)
 
 
 def check_truncation_config(args: dict[str, Any]) -> None:
@@ -78,12 +79,6 @@ def check_truncation_config(args: dict[str, Any]) -> None:
         raise ValueError(f"max_prompt_length must be an integer or null, got {length!r}")
     if length is not None and length < 1:
         raise ValueError(f"max_prompt_length must be >= 1 token, or null, got {length}")
-    if args["prompt_truncation"] not in PROMPT_TRUNCATION:
-        raise ValueError(
-            f"prompt_truncation must be one of {PROMPT_TRUNCATION} ('left' keeps the last "
-            f"max_prompt_length tokens, 'error' refuses a longer prompt), got "
-            f"{args['prompt_truncation']!r}"
-        )
 
 
 # ---- completions ------------------------------------------------------------------------------

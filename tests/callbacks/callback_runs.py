@@ -2,7 +2,8 @@
 
 A tiny random Llama, the in-process transformers engine (no Ray, no overlap), the built-in
 arithmetic prompts with a length reward (so advantages are non-zero and the weights move) and
-four held-out prompts; TensorBoard and CSV loggers in a temporary folder.
+four held-out prompts; TensorBoard and CSV loggers in a temporary folder unless the caller
+passes its own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from rl_helpers import length_reward
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
@@ -30,7 +31,14 @@ class Run:
     callbacks: dict[str, Any] = field(default_factory=dict)
 
 
-def fit(model_path: str, root: Path, callbacks: list[Any], steps: int, **module_kwargs: Any) -> Run:
+def fit(
+    model_path: str,
+    root: Path,
+    callbacks: list[Any],
+    steps: int,
+    loggers: list[Logger] | None = None,
+    **module_kwargs: Any,
+) -> Run:
     L.seed_everything(0, verbose=False)
     kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -48,7 +56,7 @@ def fit(model_path: str, root: Path, callbacks: list[Any], steps: int, **module_
         strategy=strategy,
         max_steps=steps,
         default_root_dir=root,
-        logger=[TensorBoardLogger(root, name="tb"), CSVLogger(root, name="csv")],
+        logger=loggers or [TensorBoardLogger(root, name="tb"), CSVLogger(root, name="csv")],
         log_every_n_steps=1,
         callbacks=callbacks,
         enable_progress_bar=False,

@@ -27,10 +27,14 @@ dividing by the std of the *rewards* exactly as for GRPO.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
-SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none")
-BASELINES: tuple[str, ...] = ("grpo", "rloo")
+ScaleRewards = Literal["group", "batch", "none"]
+AdvantageBaseline = Literal["grpo", "rloo"]
+SCALE_REWARDS: tuple[str, ...] = get_args(ScaleRewards)
+BASELINES: tuple[str, ...] = get_args(AdvantageBaseline)
 
 # TRL's constant: keeps a group whose rewards are all equal (std 0) at advantage 0 instead of NaN.
 STD_EPS = 1e-4

@@ -47,11 +47,14 @@ applies when sampling and the trainer does not).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from periodic_rl.algorithms.kl import k3_kl
 
-LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 
 
 def check_loss_type(name: str) -> str:

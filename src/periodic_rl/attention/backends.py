@@ -29,6 +29,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, wraps
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,8 @@ class AttentionBackend:
 
 
 BACKENDS: dict[str, AttentionBackend] = {}
+#: The backends that ship with the library, and ``auto``; :func:`register_backend` adds more.
+BuiltinBackend = Literal["auto", "sdpa", "split", "flex", "flash"]
 
 
 def register_backend(backend: AttentionBackend) -> AttentionBackend:

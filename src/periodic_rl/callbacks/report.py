@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 
 from periodic_rl.callbacks._common import (
     atomic_file,
@@ -23,6 +24,7 @@ from periodic_rl.callbacks._common import (
     span_recorder,
 )
 from periodic_rl.callbacks.export import HFExport
+from periodic_rl.extras import available, install_hint, require
 
 _NOT_SHOWN = {"tag", "step", "reward"}
 
@@ -57,10 +59,17 @@ def held_out_table(start: dict[str, Any] | None, end: dict[str, Any] | None) -> 
     return lines
 
 
+def curve_label(entry: dict[str, Any]) -> str:
+    """A held-out point's label on the reward curve: its tag and the iteration it evaluated
+    (``start 0``, ``iteration 10``, ``end 30``)."""
+    return f"{entry.get('tag', '')} {entry['step']:g}".strip()
+
+
 def reward_curve_png(
     history: list[dict[str, float]], evals: list[dict[str, Any]], path: Path
 ) -> Path:
     """Training reward per iteration and the held-out points, as a PNG (matplotlib, Agg)."""
+    require("matplotlib", "the reward curve (reward_curve_png)")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -79,7 +88,7 @@ def reward_curve_png(
             ax.scatter(*zip(*points, strict=True), marker=marker, s=50, zorder=3,
                        label=f"held-out {key}")  # fmt: skip
             for (x, y), entry in zip(points, [e for e in evals if key in e], strict=True):
-                ax.annotate(entry.get("tag", ""), (x, y), textcoords="offset points",
+                ax.annotate(curve_label(entry), (x, y), textcoords="offset points",
                             xytext=(4, 4), fontsize=8)  # fmt: skip
     ax.set_xlabel("iteration (policy version)")
     ax.set_ylabel("reward")
@@ -162,11 +171,14 @@ class FitReport(Callback):
             self.pipeline.append(recorder.summary(recorder.iteration))
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        if not trainer.is_global_zero:
-            return
+        if not trainer.is_global_zero or getattr(pl_module, "nothing_to_train", False):
+            return  # a resume at max_steps reports nothing new
         out = self.resolve_output_dir(trainer)
         evals = eval_history(pl_module)
-        self.curve_path = reward_curve_png(self.history, evals, out / "reward_curve.png")
+        if available("matplotlib"):
+            self.curve_path = reward_curve_png(self.history, evals, out / "reward_curve.png")
+        else:  # a core install: the report without its chart
+            rank_zero_info(f"reward_curve.png not drawn: no matplotlib ({install_hint('report')})")
         text = self.render(trainer, pl_module, time.perf_counter() - self._started)
         path = out / "report.md"
         with atomic_file(path) as tmp:
@@ -249,7 +261,7 @@ def _print_markdown(text: str) -> None:
     try:
         from rich.console import Console
         from rich.markdown import Markdown
-    except ImportError:  # pragma: no cover - rich is a dependency
+    except ImportError:  # rich (the report extra) is optional: plain text then
         print(text)
         return
     Console().print(Markdown(text))

@@ -25,7 +25,8 @@ class RLMetrics(Callback):
     log-prob mismatch when the engine reports behaviour log-probs (``mismatch/abs_logp``,
     ``mismatch/kl``; with ``tis_cap`` also ``mismatch/tis_weight`` and
     ``mismatch/tis_capped_frac``: :mod:`periodic_rl.algorithms.mismatch`), and throughput
-    (rollouts/s, tokens/s). ``reward_running`` is the mean training
+    (rollouts/s, tokens/s); with the strategy's ``max_staleness >= 1`` the groups' lag
+    (``staleness/*``). ``reward_running`` is the mean training
     reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
 
     Args:
@@ -43,6 +44,8 @@ class RLMetrics(Callback):
         if stats is None:
             return
         metrics = stats.metrics()
+        if getattr(trainer.strategy, "max_staleness", 0) == 0:  # on-policy: no lag to show
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("staleness/")}
         self.running_reward.update(metrics["reward"], weight=stats.num_sequences)
         metrics["reward_running"] = float(self.running_reward.compute())
         for name, value in metrics.items():

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from periodic_rl.callbacks._common import finished_iteration, last_iteration, run_dir
 from periodic_rl.rollout.types import RolloutGroup
@@ -93,7 +93,8 @@ def markdown_table(rows: list[dict[str, Any]], max_chars: int = 300) -> str:
 
 
 def flat_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and values for CSV files and W&B tables (per-function rewards as columns)."""
+    """Columns and values for CSV files, W&B and MLflow tables (per-function rewards as
+    columns)."""
     names = reward_names(rows)
     columns = ["iteration", "group", "sample", "prompt", "completion", "reward"]
     columns += [f"rewards/{n}" for n in names] + ["advantage", "version"]
@@ -118,11 +119,15 @@ class RolloutSamples(Callback):
     """Every ``every_n_iterations`` iterations, log a table of prompts, completions, rewards
     and advantages, and append the same rows to a JSONL file.
 
-    Where the table goes depends on the logger: TensorBoard gets a Markdown table (Text tab),
-    W&B a ``wandb.Table``, a CSV logger ``rollout_samples.csv`` in its ``log_dir``. The JSONL file
-    (default ``<log_dir>/rollout_samples.jsonl``) is written whatever the loggers, one row per
-    completion with ``iteration, group, sample, prompt, completion, reward, rewards`` (per
-    function), ``advantage, version, worker, columns`` (the data row's other columns).
+    Each logger gets the table in its own format, at the step its rollouts' reward and other
+    training metrics are logged at (the iteration's number, 0-based): TensorBoard a Markdown
+    table (Text tab), W&B a ``wandb.Table`` under the key ``rollout_samples``, MLflow one
+    table artifact ``rollout_samples.json`` that every logged iteration appends to (the run's
+    Artifacts tab shows it as a table), a CSV logger ``rollout_samples.csv`` in its
+    ``log_dir``; other loggers get none. The JSONL file (default
+    ``<log_dir>/rollout_samples.jsonl``) is written whatever the loggers, one row per completion
+    with ``iteration, group, sample, prompt, completion, reward, rewards`` (per function),
+    ``advantage, version, worker, columns`` (the data row's other columns).
 
     Args:
         every_n_iterations: log iterations 0, N, 2N, ... (0-based, as the timing spans count).
@@ -167,7 +172,7 @@ class RolloutSamples(Callback):
         rows = sample_rows(stats.groups, iteration, self.max_groups)
         self._append_jsonl(self.resolve_jsonl_path(trainer), rows)
         for logger in trainer.loggers:
-            self._log(logger, rows, trainer.global_step)
+            self._log(logger, rows, step=iteration)
         self.logged_iterations.append(iteration)
 
     @staticmethod
@@ -184,6 +189,10 @@ class RolloutSamples(Callback):
         elif isinstance(logger, WandbLogger):
             columns, data = flat_rows(rows)
             logger.log_table(key=TAG, columns=columns, data=data, step=step)
+        elif isinstance(logger, MLFlowLogger):
+            columns, data = flat_rows(rows)
+            table = {name: [values[i] for values in data] for i, name in enumerate(columns)}
+            logger.experiment.log_table(logger.run_id, data=table, artifact_file=f"{TAG}.json")
         elif isinstance(logger, CSVLogger):
             _append_csv(Path(logger.log_dir) / f"{TAG}.csv", rows)
 

@@ -21,6 +21,7 @@ from periodic_rl.callbacks._common import (
     span_recorder,
     write_json,
 )
+from periodic_rl.extras import require
 from periodic_rl.rollout.timing import Span, SpanRecorder, ordered_lanes, summarize
 
 SPAN_COLOURS = {
@@ -57,6 +58,7 @@ def gantt_png(
     Uses matplotlib's object API with the Agg canvas: no pyplot, so the user's backend and
     global figure state are left alone, and it works from any thread.
     """
+    require("matplotlib", "the timeline chart (gantt_png)")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

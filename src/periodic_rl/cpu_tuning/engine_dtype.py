@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from periodic_rl import ROLLOUT_WORKER_ENV
 from periodic_rl.cpu_tuning.json_cache import read_entry, write_entry
 from periodic_rl.rollout.device_defaults import DTYPES, ENGINE_DTYPES  # noqa: F401
 from periodic_rl.rollout.processes import pin_process  # imports neither torch nor vLLM
@@ -164,6 +165,7 @@ def write_cache(path: Path, key: dict[str, Any], rates: dict[str, float]) -> Non
 def measure(model_path: str, cores: list[int], timeout_s: float = 900.0) -> dict[str, float]:
     """Decode tokens/s per dtype, from a child process pinned to ``cores``."""
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+    env[ROLLOUT_WORKER_ENV] = "1"  # the child only generates: no Lightning to import
     args = ["--model", model_path, "--cores", ",".join(str(c) for c in cores)]
     done = subprocess.run(
         [sys.executable, "-m", __name__, *args],

@@ -1,4 +1,7 @@
-"""Loading prompt rows from a built-in task, a JSONL/Parquet file, or a `datasets` hub id.
+"""Loading prompt rows from a built-in task, a `reasoning-gym` task, a JSONL/Parquet file, or a
+`datasets` source (:mod:`periodic_rl.data.hub`: a hub id with its config, a local hub-format
+repository, a ``save_to_disk`` directory). Every row goes through the column mapping and the
+preprocessing function (:mod:`periodic_rl.data.transform`) before it is checked.
 
 The held-out rows never overlap the training rows. They come from, in this order:
 
@@ -6,8 +9,11 @@ The held-out rows never overlap the training rows. They come from, in this order
 2. the ``val_split`` of a hub dataset (or dataset directory), when it has that split and it is
    not the training ``split``;
 3. otherwise a seeded fraction carved out of the training rows (``val_fraction``, at most
-   ``num_val`` prompts); the carved rows are removed from training. A single file has no
-   splits, so a ``.jsonl``/``.json``/``.parquet`` ``source`` is always carved.
+   ``num_val`` prompts); the carved rows are removed from training. A single file (or a single
+   saved ``Dataset``) has no splits, so a ``.jsonl``/``.json``/``.parquet`` ``source`` is always
+   carved.
+
+Built-in and `reasoning-gym` tasks generate their own held-out rows, disjoint by construction.
 
 Rows are compared by prompt: every row whose prompt is held out leaves training (duplicated
 prompts go together), and rows of a ``val_source`` or ``val_split`` whose prompt is also a
@@ -26,12 +32,12 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from periodic_rl.data import arithmetic
+from periodic_rl.data import arithmetic, reasoning_gym
 from periodic_rl.data.checks import check_rows, check_same_columns
+from periodic_rl.data.hub import HubOptions, has_no_splits, is_file, load_split
+from periodic_rl.data.transform import RowTransform
 
 RewardFunc = Any  # a callable (prompts, completions, **columns) -> list[float]
-
-_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 @dataclass
@@ -56,39 +62,48 @@ def load_source(
     val_fraction: float = 0.1,
     seed: int = 0,
     prompt_column: str = "prompt",
+    hub: HubOptions | None = None,
+    transform: RowTransform | None = None,
 ) -> PromptSource:
     """Resolve ``source`` into rows; every row gets its prompt under the key ``"prompt"``.
 
     See the module docstring for where the held-out rows come from. ``val_fraction`` is only
     used when carving (``0``: no held-out set); ``num_val`` caps the held-out rows in every case
-    (``0``: no held-out set).
+    (``0``: no held-out set). ``hub`` (config name, data files, revision) applies to ``source``,
+    and to ``val_source`` only when it is the same dataset.
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    hub = hub or HubOptions()
+    transform = transform or RowTransform()
     if source.startswith("builtin:"):
-        return _builtin(source.removeprefix("builtin:"), num_train, num_val, seed)
-    train = _rows(source, split, prompt_column)
+        task = _builtin(source.removeprefix("builtin:"), num_train, num_val, seed)
+        return _transformed(task, source, transform)
+    if source.startswith(reasoning_gym.PREFIX):
+        return _transformed(_gym_task(source, num_train, num_val, seed), source, transform)
+    train = _rows(source, split, prompt_column, hub, transform)
     if val_source is not None:
         _check_not_same(source, split, val_source, val_split)
-        val = _rows(val_source, val_split, prompt_column)
+        val_hub = hub if val_source == source else HubOptions()
+        val = _rows(val_source, val_split, prompt_column, val_hub, transform)
         what = f"val_source {val_source}"
-        what += "" if _is_file(val_source) else f" (split '{val_split}')"
+        what += "" if has_no_splits(val_source, val_hub) else f" (split '{val_split}')"
         check_same_columns(val, train, what, source)
         val = _disjoint(val, train, num_val, what)
         return PromptSource(train=train, val=val)
-    if not _is_file(source) and val_split != split:
+    if not has_no_splits(source, hub) and val_split != split:
         try:
-            dataset = _load(source, val_split)
+            dataset = load_split(source, val_split, hub)
         except (KeyError, ValueError):  # no such split: carve instead
             dataset = None
         if dataset is not None:
-            val = _to_rows(dataset, source, prompt_column)
+            val = _to_rows(dataset, source, prompt_column, transform)
             check_rows(val, f"{source} (split '{val_split}')", prompt_column=prompt_column)
             check_same_columns(val, train, f"split '{val_split}' of {source}", source)
             val = _disjoint(val, train, num_val, f"split '{val_split}' of {source}")
             return PromptSource(train=train, val=val)
     name = source
-    if not _is_file(source):
+    if not has_no_splits(source, hub):
         why = "val_split is the training split" if val_split == split else f"no split '{val_split}'"
         name = f"{source} ({why})"
     train, val = carve(train, val_fraction=val_fraction, num_val=num_val, seed=seed, name=name)
@@ -166,13 +181,9 @@ def _disjoint(
     return kept
 
 
-def _is_file(source: str) -> bool:
-    return Path(source).suffix in _FILE_SUFFIXES
-
-
 def _check_not_same(source: str, split: str, val_source: str, val_split: str) -> None:
     """Refuse a ``val_source`` that would hand back the training rows."""
-    if _is_file(source) and _is_file(val_source):
+    if is_file(source) and is_file(val_source):
         if Path(source).resolve() == Path(val_source).resolve():
             raise ValueError(
                 f"val_source {val_source} is the training file itself; a single file has no "
@@ -198,13 +209,29 @@ def _builtin(name: str, num_train: int, num_val: int, seed: int) -> PromptSource
     )
 
 
-def _load(source: str, split: str) -> Any:
-    import datasets
+def _gym_task(source: str, num_train: int, num_val: int, seed: int) -> PromptSource:
+    task = source.removeprefix(reasoning_gym.PREFIX)
+    train, val = reasoning_gym.train_and_val(task, num_train, num_val, seed)
+    return PromptSource(
+        train=train,
+        val=val,
+        reward_funcs=[reasoning_gym.TaskVerifier(task)],
+        reward_weights=[1.0],
+        accuracy_func=reasoning_gym.TaskVerifier(task, exact=True),
+    )
 
-    if _is_file(source):
-        _check_exists(source)
-        return datasets.load_dataset("parquet", data_files={split: source}, split=split)
-    return datasets.load_dataset(source, split=split)
+
+def _transformed(task: PromptSource, source: str, transform: RowTransform) -> PromptSource:
+    """A generated task's rows through the column mapping and the preprocessing, checked."""
+    if not transform.columns and transform.preprocess is None:
+        return task
+    task.train = transform.apply(task.train, list(task.train[0]), source)
+    check_rows(task.train, source)
+    if task.val:
+        task.val = transform.apply(task.val, list(task.val[0]), f"{source} (held-out)")
+        check_rows(task.val, f"{source} (held-out)")
+        check_same_columns(task.val, task.train, f"the held-out rows of {source}", source)
+    return task
 
 
 def _check_exists(source: str) -> None:
@@ -258,8 +285,18 @@ def read_json_rows(source: str) -> tuple[list[dict[str, Any]], list[int] | None]
     return rows, lines
 
 
-def _to_rows(dataset: Any, source: str, prompt_column: str) -> list[dict[str, Any]]:
-    return _renamed([dict(row) for row in dataset], dataset.column_names, source, prompt_column)
+def _to_rows(
+    dataset: Any, source: str, prompt_column: str, transform: RowTransform
+) -> list[dict[str, Any]]:
+    rows = transform.apply([dict(row) for row in dataset], dataset.column_names, source)
+    return _renamed(rows, _names(rows, dataset.column_names, transform), source, prompt_column)
+
+
+def _names(rows: list[dict[str, Any]], names: list[str], transform: RowTransform) -> list[str]:
+    """The column names after the transform: the first row's, when there is one."""
+    if transform.preprocess is not None or transform.columns:
+        return list(rows[0]) if rows else names
+    return names
 
 
 def _renamed(
@@ -276,15 +313,26 @@ def _renamed(
     return rows
 
 
-def _rows(source: str, split: str, prompt_column: str) -> list[dict[str, Any]]:
-    """The rows of ``source``, every one checked (:func:`periodic_rl.data.checks.check_rows`)."""
+def _rows(
+    source: str, split: str, prompt_column: str, hub: HubOptions, transform: RowTransform
+) -> list[dict[str, Any]]:
+    """The rows of ``source``, mapped, preprocessed and every one checked
+    (:func:`periodic_rl.data.checks.check_rows`)."""
     lines = None
-    if _is_file(source) and not source.endswith(".parquet"):
+    if is_file(source) and not source.endswith(".parquet"):
+        if hub.data_files is not None:
+            raise ValueError(
+                f"data_files is for a hub dataset, a dataset directory or a builder such as "
+                f"'json'; the single file {source} takes none: remove data_files (or give "
+                "source: json with data_files: {train: [...], test: [...]})"
+            )
         rows, lines = read_json_rows(source)
         columns = list(dict.fromkeys(k for row in rows for k in row))
+        rows = transform.apply(rows, columns, source)
+        columns = _names(rows, columns, transform)
         rows = _renamed(rows, columns, source, prompt_column)
     else:
-        dataset = _load(source, split)
-        rows = _to_rows(dataset, source, prompt_column)
+        dataset = load_split(source, split, hub)
+        rows = _to_rows(dataset, source, prompt_column, transform)
     check_rows(rows, source, prompt_column=prompt_column, lines=lines)
     return rows

@@ -1,8 +1,21 @@
-"""The rollout settings whose defaults differ between a CPU run and a GPU run.
+"""The settings whose defaults differ between a CPU run and a GPU run, in one place.
 
 A YAML written for the CPU runs on a GPU node with ``trainer.accelerator: gpu``: whatever the
-user left unset is filled in from the kind of the training device (:func:`resolve_rollout`),
-and what the user set always wins.
+user left unset is filled in from the kind of the training device (:func:`resolve_rollout`,
+:func:`training_dtype`, :func:`importance_cap`), and what the user set always wins.
+
+The trainer's side (``RLModule``):
+
+=========================  =======================  =========================================
+setting                    CPU                      GPU (training device ``cuda``)
+=========================  =======================  =========================================
+``dtype: auto``            ``float32``              ``bfloat16``
+``tis_cap: auto``          cap 2 unless the engine  cap 2 unless the engine is ``hf`` in the
+                           is ``hf`` in the         trainer's dtype (the same numerics)
+                           trainer's dtype
+=========================  =======================  =========================================
+
+The rollout side (the strategy):
 
 =========================  =======================  =========================================
 setting                    CPU                      GPU (training device ``cuda``)
@@ -29,15 +42,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 #: ``push_transport`` values: ``object_store`` (host memory and Ray's object store; any
 #: device), ``broadcast`` (a collective from the trainer into the workers: NCCL between GPUs,
 #: gloo between CPUs), ``auto`` (``broadcast`` on GPUs, ``object_store`` on the CPU).
-PUSH_TRANSPORTS = ("auto", "object_store", "broadcast")
+PushTransport = Literal["auto", "object_store", "broadcast"]
+PUSH_TRANSPORTS: tuple[str, ...] = get_args(PushTransport)
 
 #: Ray placement-group strategies a worker set may be placed with.
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+PLACEMENT_STRATEGIES: tuple[str, ...] = get_args(PlacementStrategy)
 
 CPU_VLLM = {"dtype": "float32", "enforce_eager": True, "kv_cache_gb": 1}
 GPU_VLLM = {"dtype": "bfloat16", "enforce_eager": False, "kv_cache_gb": None}
@@ -169,3 +184,34 @@ def default_engine_dtype(engine: str, on_gpu: bool) -> str:
     """What ``engine_dtype: auto`` means where no tuner measures it: bfloat16 on GPUs, else
     float32."""
     return "bfloat16" if on_gpu else "float32"
+
+
+# ---- the trainer's dtype and the engine/trainer correction ----------------------------------
+#: ``RLModule(dtype="auto")``: bfloat16 weights where tensor cores run them, float32 elsewhere.
+TRAINING_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
+#: The truncation cap ``tis_cap: auto`` uses when the correction is on (TRL's and verl's 2).
+AUTO_TIS_CAP = 2.0
+
+
+def training_dtype(dtype: str, device_type: str) -> str:
+    """The policy's weight dtype: ``dtype``, or for ``auto`` the training device's default."""
+    if dtype != "auto":
+        return dtype
+    return TRAINING_DTYPES.get(device_type, "float32")
+
+
+def importance_cap(
+    tis_cap: float | str | None, engine: str, engine_dtype: str | None, train_dtype: str
+) -> float | None:
+    """The truncated-importance-sampling cap a run uses: ``tis_cap`` as given, or for ``auto``
+    :data:`AUTO_TIS_CAP` whenever the engine's numerics differ from the trainer's (vLLM's
+    kernels, or another dtype) and None (off) when they are the same: the ``hf`` engine in the
+    trainer's dtype. An engine of the user's own is not known to report behaviour log-probs,
+    so ``auto`` leaves it off (give ``tis_cap`` a number to turn it on)."""
+    if tis_cap != "auto":
+        return None if tis_cap is None else float(tis_cap)
+    if engine == "vllm":
+        return AUTO_TIS_CAP
+    if engine == "hf":
+        return None if engine_dtype in (None, train_dtype) else AUTO_TIS_CAP
+    return None

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from periodic_rl.rollout.device_defaults import PLACEMENT_STRATEGIES, PUSH_TRANSPORTS
+from periodic_rl.choices import check_choices
+from periodic_rl.rollout.device_defaults import PlacementStrategy, PushTransport
+from periodic_rl.rollout.spec import BuiltinEngine
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,7 @@ class RolloutOptions:
     """The rollout arguments of the strategies (see ``PeriodicAsyncStrategy``); frozen: what a
     run changes between iterations is held by the controller."""
 
-    engine: str = "vllm"
+    engine: BuiltinEngine | str = "vllm"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     num_workers: int = 1
     overlap: bool = True
@@ -31,10 +33,11 @@ class RolloutOptions:
     max_staleness: int = 0
     call_timeout_s: float | None = 600.0
     worker_resources: dict[str, float] | None = None
-    placement_strategy: str = "PACK"
-    push_transport: str = "auto"
+    placement_strategy: PlacementStrategy = "PACK"
+    push_transport: PushTransport = "auto"
 
     def __post_init__(self) -> None:
+        check_choices(RolloutOptions, vars(self))
         if self.max_staleness < 0:
             raise ValueError(
                 f"max_staleness must be >= 0 (0: exactly on-policy), got {self.max_staleness}"
@@ -50,13 +53,3 @@ class RolloutOptions:
             raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
-        if self.push_transport not in PUSH_TRANSPORTS:
-            raise ValueError(
-                f"push_transport must be one of {', '.join(PUSH_TRANSPORTS)}, "
-                f"got {self.push_transport!r}"
-            )
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(
-                f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, "
-                f"got {self.placement_strategy!r}"
-            )

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # importing the engines pulls in torch: workers must set threads first
     from periodic_rl.rollout.engine import InferenceEngine
+
+#: The engines that ship with the library; ``engine`` may also be a ``module:Class`` path.
+BuiltinEngine = Literal["vllm", "hf"]
 
 # Short names of the engines that ship with the library, as ``module:Class`` paths.
 BUILTIN_ENGINES: dict[str, str] = {

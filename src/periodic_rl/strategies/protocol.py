@@ -59,6 +59,11 @@ class RolloutStrategy(Protocol):
         """The rollout engine's name (``vllm``, ``hf``, ``module:Class``), for messages."""
         ...
 
+    @property
+    def rollout_engine_dtype(self) -> str | None:
+        """The dtype the rollout engines run in (None: the engine's own choice)."""
+        ...
+
     def sync_version(self, version: int, steps_per_iteration: int = 1) -> None:
         """At the start of a fit: the version the run continues from (re-pushed on resume)."""
         ...

