@@ -192,8 +192,7 @@ def hub_cache(tmp_path, tiny_llama_path, monkeypatch):
     import shutil
 
     import huggingface_hub.constants as hub
-    from conftest import tiny_llama_config
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
@@ -203,7 +202,8 @@ def hub_cache(tmp_path, tiny_llama_path, monkeypatch):
         if revision == "main":
             shutil.copytree(tiny_llama_path, snapshot)
         else:
-            model = AutoModelForCausalLM.from_config(tiny_llama_config(num_hidden_layers=1))
+            config = AutoConfig.from_pretrained(tiny_llama_path, num_hidden_layers=1)
+            model = AutoModelForCausalLM.from_config(config)
             model.save_pretrained(snapshot)
             AutoTokenizer.from_pretrained(tiny_llama_path).save_pretrained(snapshot)
         (repo / "refs").mkdir(parents=True, exist_ok=True)

@@ -115,7 +115,7 @@ def resolve_choices(h: Any, strategy: Any, precision: str = "32-true") -> RunCho
     with hyperparameters ``h`` trained by ``strategy``, a Lightning strategy that is a
     :class:`~periodic_rl.strategies.protocol.RolloutStrategy`."""
     dtype = training_dtype(h.get("dtype", "auto"), strategy.root_device.type)
-    engine, engine_dtype = strategy.rollout_engine, strategy.rollout_engine_dtype
+    engine, engine_dtype = strategy.rollout_engine, strategy.rollout_engine_dtype()
     return RunChoices(
         device=str(strategy.root_device),
         dtype=dtype,

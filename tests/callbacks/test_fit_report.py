@@ -6,7 +6,7 @@ import pytest
 from callback_runs import STEPS
 from matplotlib.image import imread
 
-from periodic_rl.callbacks.report import pipeline_shares
+from periodic_rl.callbacks.report import held_out_table, pipeline_shares
 
 
 def test_report_sees_the_final_evaluation(full_run):
@@ -58,3 +58,9 @@ def test_pipeline_shares_weight_each_iteration_by_its_wall_time():
     assert shares["push"] == pytest.approx(3 / 40)
     empty = {"worker_idle": 0.0, "cores_lent": 0.0, "trainer_idle": 0.0, "push": 0.0}
     assert pipeline_shares([]) == empty
+
+
+def test_a_reward_name_markdown_would_eat_is_shown_as_code():
+    rows = held_out_table({"reward": 1.0, "<lambda>": 0.5}, {"reward": 2.0, "<lambda>": 0.75})
+    assert "| `<lambda>` | 0.5 | 0.75 | +0.25 |" in rows
+    assert "| reward | 1 | 2 | +1 |" in rows  # plain names stay plain

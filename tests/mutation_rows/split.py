@@ -103,4 +103,11 @@ ROWS: list[Mutation] = [
         new="    if False:",
         tests=("tests/test_benchmark_report.py::test_where_auto_ended_reads_the_split_that_ran",),
     ),
+    Mutation(
+        name="a run without a split logs eleven split/* columns",
+        file="src/periodic_rl/cpu_tuning/plugin.py",
+        old="        if self.worker_cores is not None:  # a split in use",
+        new="        if True:  # a split in use",
+        tests=("tests/rollout/test_split_advisor.py",),
+    ),
 ]

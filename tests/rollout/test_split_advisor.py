@@ -231,3 +231,33 @@ def test_fixed_split_advice_uses_measured_efficiencies_or_says_they_are_assumed(
     assert step.assumed is not measured
     assert ("assumed" in step.reason) is not measured
     assert step.plan.chosen.overlap is not measured
+
+
+@pytest.mark.parametrize("worker_cores", [None, [[1]]], ids=["no-split", "split-given"])
+def test_split_metrics_are_logged_only_when_a_split_is_in_use(worker_cores, caplog):
+    """A run without ``worker_cores`` gets the advice as one log line, not ``split/*`` columns."""
+    from periodic_rl.cpu_tuning import CPUTuning
+
+    logged: list[dict[str, float]] = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append(dict(metrics)))
+    trainer = SimpleNamespace(
+        loggers=[logger], global_step=4, callback_metrics={}, max_steps=10, max_epochs=None,
+        num_training_batches=float("inf"),
+    )  # fmt: skip
+    step = SimpleNamespace(
+        metrics=lambda: {"split/generation_s": 5.0}, reason="keep the split", apply=None,
+        final=False, deferred=False,
+    )  # fmt: skip
+    tuning = CPUTuning(worker_cores=worker_cores, trainer_cores=[0] if worker_cores else None)
+    tuning.split_advisor = SimpleNamespace(step=lambda spans, left: step)
+    run = SimpleNamespace(
+        lightning_module=SimpleNamespace(trainer=trainer), rollouts=SimpleNamespace(spans=None)
+    )
+    with caplog.at_level("INFO", logger="periodic_rl"):
+        tuning.between_iterations(run)
+    assert "hardware split: keep the split" in caplog.text  # the advice, either way
+    if worker_cores is None:
+        assert logged == [] and "split/generation_s" not in trainer.callback_metrics
+    else:
+        assert logged == [{"split/generation_s": 5.0}]
+        assert "split/generation_s" in trainer.callback_metrics

@@ -55,7 +55,8 @@ def held_out_table(start: dict[str, Any] | None, end: dict[str, Any] | None) -> 
     for name in names:
         a = (start or {}).get(name)
         b = (end or {}).get(name)
-        lines.append(f"| {name} | {_fmt(a)} | {_fmt(b)} | {_change(a, b)} |")
+        shown = f"`{name}`" if not name.replace("_", "").isalnum() else name  # <lambda>
+        lines.append(f"| {shown} | {_fmt(a)} | {_fmt(b)} | {_change(a, b)} |")
     return lines
 
 

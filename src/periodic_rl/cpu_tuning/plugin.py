@@ -62,8 +62,9 @@ class CPUTuning(HardwareTuning):
             the trainer waits for a push, the workers load it on the trainer's cores as well.
             ``False``: each side keeps to its own cores throughout.
         split_after: iterations measured (after one of warm-up) before the run logs its
-            generation and training rates and the split that would balance them (``split/*``
-            metrics); with ``worker_cores: auto``, per measured split.
+            generation and training rates and the split that would balance them (a log line;
+            also ``split/*`` metrics when ``worker_cores`` is given); with ``worker_cores:
+            auto``, per measured split.
     """
 
     def __init__(
@@ -175,11 +176,13 @@ class CPUTuning(HardwareTuning):
         step = advisor.step(run.rollouts.spans, iterations_left(trainer))
         if step is None:
             return
-        # To the loggers once per window (self.log from this hook was re-logged at every step).
-        metrics = step.metrics()
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-        trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
+        if self.worker_cores is not None:  # a split in use: its metrics (a run without one
+            # gets the advice in the log line below, not eleven columns of split/*).
+            # To the loggers once per window (self.log from this hook was re-logged each step).
+            metrics = step.metrics()
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+            trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
         log.info("hardware split: %s%s", step.reason, "; applying it" if step.apply else "")
         if step.apply is not None:
             before = set(os.sched_getaffinity(0))

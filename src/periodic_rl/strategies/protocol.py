@@ -59,9 +59,9 @@ class RolloutStrategy(Protocol):
         """The rollout engine's name (``vllm``, ``hf``, ``module:Class``), for messages."""
         ...
 
-    @property
     def rollout_engine_dtype(self) -> str | None:
-        """The dtype the rollout engines run in (None: the engine's own choice)."""
+        """The dtype the rollout engines run in (None: the engine's own choice); a method, not a
+        property: it reads the training device, which a strategy knows only once attached."""
         ...
 
     def sync_version(self, version: int, steps_per_iteration: int = 1) -> None:

@@ -278,7 +278,6 @@ class RolloutsMixin:
     def rollout_engine(self) -> str:
         return self.rollouts.options.engine
 
-    @property
     def rollout_engine_dtype(self) -> str | None:
         """The engines' dtype as resolved for the training device (``engine_dtype``,
         ``engine_kwargs.dtype``, else the device's default)."""
