@@ -211,6 +211,7 @@ def demo_parts(
     module = RLModule(
         model=config["model"],
         dtype=config["dtype"],
+        tis_cap=None,  # as in the recorded runs: no engine/trainer correction
         num_generations=config["num_generations"],
         max_new_tokens=config["max_new_tokens"],
         micro_batch_size=config["micro_batch_size"],

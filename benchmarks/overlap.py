@@ -316,6 +316,7 @@ def run_placement(config: dict[str, Any]) -> dict[str, Any]:
             model=config["model"],
             num_generations=config["num_generations"],
             max_new_tokens=config["max_new_tokens"],
+            tis_cap=None,  # as in the recorded runs: no engine/trainer correction
             micro_batch_size=config["granularity"][0]["micro_batch_size"],
             learning_rate=config["learning_rate"],
             temperature=config["temperature"],

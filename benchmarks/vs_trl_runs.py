@@ -323,6 +323,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         max_grad_norm=config["max_grad_norm"],
         shared_prompt=placement["shared_prompt"],
         dtype=config["dtype"],
+        tis_cap=None,  # TRL without vLLM has no correction; the recorded runs had none
         gradient_checkpointing=config["gradient_checkpointing"],
         system_prompt=system_prompt(config["system_words"]),
         seed=config["seed"],  # the base of every group's sampling seed
