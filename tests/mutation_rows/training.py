@@ -221,8 +221,8 @@ ROWS: list[Mutation] = [
     Mutation(
         name="reward failures: reward_on_error zero does not count the failing call",
         file="src/periodic_rl/scoring.py",
-        old="            if count:\n                self._failures[name] += 1\n",
-        new="",
+        old="                self._failures[name] += 1\n                self._first_failure",
+        new="                self._first_failure",
         tests=(
             "tests/test_scoring.py::"
             "test_training_run_with_a_failing_reward_finishes_and_logs_the_exact_count",
