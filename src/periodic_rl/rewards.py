@@ -37,7 +37,6 @@ abandoned and its thread lingers until the process exits.
 
 from __future__ import annotations
 
-import importlib
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
+
+from periodic_rl.dotted import import_dotted
 
 RewardFunc = Callable[..., Sequence[float] | Mapping[str, Sequence[float]]]
 
@@ -92,11 +93,8 @@ def resolve_reward(spec: str | RewardFunc) -> RewardFunc:
     """A callable from itself or a dotted path: ``pkg.module:func`` or ``pkg.module.func``."""
     if callable(spec):
         return spec
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
     try:
-        func = getattr(importlib.import_module(module_name), attr)
+        func = import_dotted(spec)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(
             f"reward_funcs: cannot import {spec!r} ({error}); give 'package.module:function'"

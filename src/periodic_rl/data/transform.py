@@ -10,10 +10,11 @@ bad path fails before anything loads.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from periodic_rl.dotted import import_dotted
 
 Row = dict[str, Any]
 Preprocess = Callable[[Row], Row]
@@ -27,11 +28,8 @@ def resolve_preprocess(spec: str | Preprocess | None) -> Preprocess | None:
         raise ValueError(
             f"preprocess must be a callable or 'package.module:function', got {type(spec).__name__}"
         )
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
     try:
-        func = getattr(importlib.import_module(module_name), attr)
+        func = import_dotted(spec)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(
             f"preprocess: cannot import {spec!r} ({type(error).__name__}: {error}); give "
