@@ -11,7 +11,9 @@ import pytest
 from periodic_rl.data import PromptDataModule
 from periodic_rl.data.reasoning_gym import TaskVerifier
 
-pytest.importorskip("reasoning_gym")
+pytest.importorskip(
+    "reasoning_gym", reason="needs reasoning-gym: pip install 'periodic_rl[reasoning-gym]'"
+)
 
 TASK = "leg_counting"
 

@@ -79,7 +79,9 @@ def test_hub_repository_with_a_config_and_a_mapping_trains_through_the_cli(
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_reasoning_gym_task_trains_with_its_verifier_as_the_reward(tiny_llama_path, offline):
-    pytest.importorskip("reasoning_gym")
+    pytest.importorskip(
+        "reasoning_gym", reason="needs reasoning-gym: pip install 'periodic_rl[reasoning-gym]'"
+    )
     L.seed_everything(0, verbose=False)
     module = RLModule(
         model=tiny_llama_path,
