@@ -27,9 +27,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VENV)/bin/periodic-rl fit --config examples/arithmetic.yaml
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them: its
+# module-scoped fits are shared by its tests. Each process may start a Ray and a vLLM engine.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -rs --durations=15 tests
+	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
 
 # Each promise broken on purpose must fail a test (tests/mutations.py; not part of `make test`).
 mutations: $(STAMP)

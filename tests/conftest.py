@@ -127,7 +127,7 @@ def local_ray() -> Iterator[None]:
     """A local Ray of 2 CPUs for the module's tests, without dashboard or driver logs."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
