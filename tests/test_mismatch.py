@@ -89,7 +89,56 @@ def test_shifted_behaviour_shows_as_mismatch_and_tis_scales_the_update(
     assert metrics["mismatch/kl"] == pytest.approx(math.exp(shift) - shift - 1, abs=1e-6)
     assert metrics["mismatch/tis_weight"] == pytest.approx(math.exp(shift), abs=1e-5)
     assert metrics["mismatch/tis_capped_frac"] == 0.0
+    for name in ("ratio_mean", "ratio_max", "ratio_min"):  # every token's ratio is e^shift
+        assert metrics[f"mismatch/{name}"] == pytest.approx(math.exp(shift), abs=1e-5)
+    assert metrics["mismatch/ess"] == pytest.approx(1.0, abs=1e-9)
+    assert metrics["mismatch/missing_tokens"] == 0
     _assert_scaled_update(params, plain[0], initial, math.exp(shift))
+
+
+class PerGroupShift(RecordingModule):
+    """Group ``i``'s behaviour log-probs lowered by ``SHIFTS[i]``; its log-probs dropped where
+    that is None (an engine that returned none for it). One group per micro-batch."""
+
+    SHIFTS = {0: 0.2, 1: -0.3, 2: None}
+
+    def _backward_micro_batch(self, groups, first=None):
+        if first is None:
+            for group in groups:
+                shift = self.SHIFTS[group.index]
+                group.logprobs = (
+                    [] if shift is None else [[v - shift for v in r] for r in group.logprobs]
+                )
+        return super()._backward_micro_batch(groups, first)
+
+
+def test_ratio_extremes_ess_and_missing_tokens_over_the_iteration(tiny_llama_path):
+    """Three micro-batches: ratios e^0.2 and e^-0.3 in the first two, none in the third. The
+    extremes are kept across micro-batches, not summed; the third group's tokens are missing
+    and left out of the ratio statistics."""
+    _, module, _ = train(
+        tiny_llama_path,
+        steps=2,  # one iteration of two updates
+        temperature=T,
+        module_cls=PerGroupShift,
+        mask_truncated_completions=False,
+        num_iterations=2,  # the second pass over the micro-batches adds no mismatch
+    )
+    stats = module.last_iteration
+    metrics = stats.metrics()
+    tokens = {g.index: sum(len(c) for c in g.completion_ids) for g in stats.groups}
+    weights = {0: math.exp(0.2), 1: math.exp(-0.3)}
+    n = tokens[0] + tokens[1]
+    total = sum(tokens[i] * w for i, w in weights.items())
+    squares = sum(tokens[i] * w * w for i, w in weights.items())
+    assert metrics["mismatch/missing_tokens"] == tokens[2]
+    assert metrics["mismatch/ratio_max"] == pytest.approx(weights[0], abs=1e-5)
+    assert metrics["mismatch/ratio_min"] == pytest.approx(weights[1], abs=1e-5)
+    assert metrics["mismatch/ratio_mean"] == pytest.approx(total / n, abs=1e-5)
+    assert metrics["mismatch/ess"] == pytest.approx(total * total / (n * squares), abs=1e-5)
+    assert metrics["mismatch/ess"] < 0.99
+    expected_abs = (0.2 * tokens[0] + 0.3 * tokens[1]) / n
+    assert metrics["mismatch/abs_logp"] == pytest.approx(expected_abs, abs=1e-5)
 
 
 def test_tis_weights_are_capped(tiny_llama_path, plain, initial):
@@ -103,8 +152,12 @@ def test_tis_weights_are_capped(tiny_llama_path, plain, initial):
 
 def test_engine_without_logprobs_trains_but_refuses_tis(tiny_llama_path):
     strategy = {"engine": "test_mismatch:IdsOnlyHF", "use_ray": False, "overlap": False}
-    _, module, _ = train(tiny_llama_path, steps=1, temperature=T, strategy=strategy)
-    assert not any(k.startswith("mismatch/") for k in module.last_iteration.metrics())
+    _, module, _ = train(
+        tiny_llama_path, steps=1, temperature=T, strategy=strategy, mask_truncated_completions=False
+    )
+    stats = module.last_iteration
+    mismatch = {k: v for k, v in stats.metrics().items() if k.startswith("mismatch/")}
+    assert mismatch == {"mismatch/missing_tokens": stats.num_tokens}  # every token, nothing else
     with pytest.raises(ValueError, match=r"tis_cap=2.0 .* engine 'test_mismatch:IdsOnlyHF'"):
         train(tiny_llama_path, steps=1, temperature=T, strategy=strategy, tis_cap=2.0)
 

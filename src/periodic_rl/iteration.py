@@ -70,8 +70,15 @@ class IterationStats:
         return self.num_tokens - (self.truncated_tokens if mask_truncated_completions else 0)
 
     def add_loss(self, stats: dict[str, float]) -> None:
+        """Add a micro-batch's loss statistics: sums, except the extremes (``*_max``,
+        ``*_min``), which keep the largest or smallest value seen."""
         for name, value in stats.items():
-            self.loss[name] += value
+            if name.endswith("_max"):
+                self.loss[name] = max(self.loss.get(name, value), value)
+            elif name.endswith("_min"):
+                self.loss[name] = min(self.loss.get(name, value), value)
+            else:
+                self.loss[name] += value
 
     def metrics(self) -> dict[str, float]:
         seconds = max(self.finished - self.started, 1e-9)

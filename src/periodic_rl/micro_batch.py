@@ -161,6 +161,7 @@ def backward_micro_batch(
         temperature=h.temperature,  # train on the distribution the rollouts sampled from
     )
     advantages, _ = micro_batch_tensors(groups, module.device)
+    first_update = first is None
     behaviour = cap = None
     with ExitStack() as stack:
         if h.shared_prompt:  # keeps attention packed through checkpointed recomputation
@@ -170,7 +171,7 @@ def backward_micro_batch(
         )
         if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
             mask = mask_truncated(mask, groups)
-        if first is None:
+        if first_update:
             ref_logps = None
             if h.beta > 0:
                 with torch.no_grad(), module.reference_policy() as reference:
@@ -198,7 +199,9 @@ def backward_micro_batch(
         module.manual_backward(numerator)
     stats["entropy_sum"] = (entropy * mask).sum()
     if behaviour is not None:  # the engine/trainer mismatch (periodic_rl.algorithms.mismatch)
-        stats.update(mismatch_sums(logps, *behaviour, first.is_weights, cap))
+        stats.update(mismatch_sums(logps, *behaviour, first.is_weights, cap, mask))
+    elif first_update:  # no group of this micro-batch has behaviour log-probs
+        stats["mismatch_missing_tokens"] = mask.sum()
     out = {k: float(v) for k, v in stats.items()}
     out["loss_sum"] = float(numerator.detach())
     return out, first

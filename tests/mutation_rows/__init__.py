@@ -18,6 +18,7 @@ from mutation_rows.gpu_check import ROWS as GPU_CHECK_ROWS
 from mutation_rows.gpu_paths import ROWS as GPU_PATHS_ROWS
 from mutation_rows.loggers import ROWS as LOGGERS_ROWS
 from mutation_rows.packaging import ROWS as PACKAGING_ROWS
+from mutation_rows.provenance import ROWS as PROVENANCE_ROWS
 from mutation_rows.rewards import ROWS as REWARDS_ROWS
 from mutation_rows.rollout import ROWS as ROLLOUT_ROWS
 from mutation_rows.sandbox import ROWS as SANDBOX_ROWS
@@ -38,6 +39,7 @@ MUTATIONS: list[Mutation] = [
     *DEFAULTS_ROWS,
     *LOGGERS_ROWS,
     *GPU_PATHS_ROWS,
+    *PROVENANCE_ROWS,
     *ENGINE_PATHS_ROWS,
     *SANDBOX_ROWS,
     *COVERAGE_ROWS,

@@ -9,8 +9,20 @@ iteration logs, over the completion tokens whose engine reported log-probs:
 - ``mismatch/kl``: mean of the k3 estimate of ``KL(behaviour || trainer)`` at the sampled tokens,
   ``exp(d) - d - 1`` with ``d = logp_trainer - logp_behaviour`` (:func:`~periodic_rl.algorithms.
   kl.k3_kl` with the behaviour policy in the sampling role: unbiased, never negative);
+- ``mismatch/ratio_mean``, ``mismatch/ratio_max``, ``mismatch/ratio_min``: the importance
+  ratio ``w = exp(logp_trainer - logp_behaviour)`` of the sampled tokens (1 everywhere when the
+  engine samples exactly the trainer's distribution);
+- ``mismatch/ess``: the normalised effective sample size of those ratios, ``(sum w)^2 / (n sum
+  w^2)`` over the ``n`` tokens, in ``(0, 1]``: 1 when every ratio is equal, small when a few
+  tokens carry most of the weight;
+- ``mismatch/missing_tokens``: loss tokens whose behaviour log-prob is missing (a group the
+  engine returned without log-probs, or a row shorter than its completion); they are left out
+  of every other ``mismatch/*`` metric;
 - with ``tis_cap``: ``mismatch/tis_weight`` (mean truncated importance weight) and
   ``mismatch/tis_capped_frac`` (fraction of tokens whose weight hit the cap).
+
+They are summed (and the extremes kept) over the iteration's micro-batches on each rank; each
+rank logs its own.
 
 The trainer's log-probs are those of ``softmax(logits / temperature)`` (no ``top_p``, ``top_k``,
 ``min_p`` or ``repetition_penalty``); the engines report the distribution they drew from (all of
@@ -71,22 +83,36 @@ def mismatch_sums(
     present: torch.Tensor,
     tis_weights: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    loss_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Detached sums over the tokens where ``present`` is True (sum them over micro-batches,
     divide by ``mismatch_tokens``): ``mismatch_tokens``, ``mismatch_abs_sum`` (of
-    ``|logps - behaviour|``), ``mismatch_kl_sum`` (k3 of ``KL(behaviour || trainer)``), and with
-    ``tis_weights``: ``tis_weight_sum`` and ``tis_capped_tokens`` (weight ``>= tis_cap``)."""
+    ``|logps - behaviour|``), ``mismatch_kl_sum`` (k3 of ``KL(behaviour || trainer)``),
+    ``mismatch_ratio_sum`` and ``mismatch_ratio_sq_sum`` (of the importance ratio and its
+    square); the extremes ``mismatch_ratio_max`` and ``mismatch_ratio_min`` (combine those with
+    max and min, not a sum); with ``loss_mask``: ``mismatch_missing_tokens`` (in the mask, not
+    in ``present``); with ``tis_weights``: ``tis_weight_sum`` and ``tis_capped_tokens`` (weight
+    ``>= tis_cap``)."""
     with torch.no_grad():
         on = present.bool()
         # float64: the k3 term of a 1e-5 difference is 5e-11, below float32's rounding of exp.
         zeros = torch.zeros(behaviour.shape, dtype=torch.float64, device=behaviour.device)
         trainer = torch.where(on, logps.detach().double(), zeros)
         sampled = torch.where(on, behaviour.double(), zeros)
+        ratios = torch.where(on, torch.exp(trainer - sampled), zeros)
         sums = {
             "mismatch_tokens": on.sum().to(torch.float64),
             "mismatch_abs_sum": (trainer - sampled).abs().sum(),
             "mismatch_kl_sum": torch.where(on, k3_kl(sampled, trainer), zeros).sum(),
+            "mismatch_ratio_sum": ratios.sum(),
+            "mismatch_ratio_sq_sum": (ratios * ratios).sum(),
         }
+        if on.any():
+            sums["mismatch_ratio_max"] = ratios[on].max()
+            sums["mismatch_ratio_min"] = ratios[on].min()
+        if loss_mask is not None:
+            missing = loss_mask.bool() & ~on
+            sums["mismatch_missing_tokens"] = missing.sum().to(torch.float64)
         if tis_weights is not None:
             sums["tis_weight_sum"] = torch.where(on, tis_weights.double(), zeros).sum()
             if tis_cap is not None:
@@ -98,11 +124,19 @@ def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
     """The ``mismatch/*`` metrics from an iteration's summed :func:`mismatch_sums` (none when no
     token had a behaviour log-prob)."""
     tokens = sums.get("mismatch_tokens", 0.0)
+    out = {}
+    if "mismatch_missing_tokens" in sums:
+        out["mismatch/missing_tokens"] = sums["mismatch_missing_tokens"]
     if not tokens:
-        return {}
-    out = {
+        return out
+    ratio_sum = sums["mismatch_ratio_sum"]
+    out |= {
         "mismatch/abs_logp": sums["mismatch_abs_sum"] / tokens,
         "mismatch/kl": sums["mismatch_kl_sum"] / tokens,
+        "mismatch/ratio_mean": ratio_sum / tokens,
+        "mismatch/ratio_max": sums["mismatch_ratio_max"],
+        "mismatch/ratio_min": sums["mismatch_ratio_min"],
+        "mismatch/ess": ratio_sum * ratio_sum / (tokens * sums["mismatch_ratio_sq_sum"]),
     }
     if "tis_weight_sum" in sums:
         out["mismatch/tis_weight"] = sums["tis_weight_sum"] / tokens

@@ -23,9 +23,10 @@ class RLMetrics(Callback):
     signal), fraction of completions truncated at ``max_new_tokens`` (``frac_truncated``),
     prompts cut to ``max_prompt_length`` (``prompts_truncated``, when set), the engine/trainer
     log-prob mismatch when the engine reports behaviour log-probs (``mismatch/abs_logp``,
-    ``mismatch/kl``; with ``tis_cap`` also ``mismatch/tis_weight`` and
-    ``mismatch/tis_capped_frac``: :mod:`periodic_rl.algorithms.mismatch`), and throughput
-    (rollouts/s, tokens/s); with the strategy's ``max_staleness >= 1`` the groups' lag
+    ``mismatch/kl``, the importance ratio's ``mismatch/ratio_mean``, ``_max``, ``_min`` and
+    effective sample size ``mismatch/ess``, ``mismatch/missing_tokens``; with ``tis_cap`` also
+    ``mismatch/tis_weight`` and ``mismatch/tis_capped_frac``; see the module
+    ``periodic_rl.algorithms.mismatch``), and throughput (rollouts/s, tokens/s); with the strategy's ``max_staleness >= 1`` the groups' lag
     (``staleness/*``). ``reward_running`` is the mean training
     reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
 
