@@ -45,9 +45,13 @@ class IterationStats:
     # failing reward calls per reward since the last iteration (reward_on_error: zero); with
     # max_staleness the calls scored during this iteration, whichever iteration they are for
     reward_failures: dict[str, int] | None = None
+    micro_batch: dict[int, int] = field(default_factory=dict)  # group index -> micro-batch
+    micro_batches: int = 0
 
     def add_groups(self, groups: list[RolloutGroup]) -> None:
+        """Add one micro-batch's groups (called once per micro-batch, in training order)."""
         for group in groups:
+            self.micro_batch[group.index] = self.micro_batches
             self.groups.append(group)
             self.staleness[self.policy_version - group.version] += 1
             self.num_groups += 1
@@ -63,6 +67,7 @@ class IterationStats:
                 self.zero_std_groups += 1
             for name, values in group.reward_components.items():
                 self.components[name].extend(values)
+        self.micro_batches += 1
 
     def loss_tokens(self, mask_truncated_completions: bool) -> int:
         """Completion tokens in the loss normaliser: without the truncated completions' when

@@ -196,6 +196,10 @@ class RLModule(L.LightningModule):
         eval_at_end: evaluate them after the last iteration (unless a periodic evaluation
             just did).
         seed: base seed of every group's sampling seed.
+        record_rollouts: write every trained completion of every iteration (token ids, loss
+            mask, behaviour log-probs, rewards, advantage, version, fingerprint, seed, the
+            micro-batch and rank that trained it) as Parquet files in ``<log_dir>/rollouts``
+            (:class:`~periodic_rl.callbacks.RolloutRecord`; a resumed run continues them).
     """
 
     def __init__(
@@ -250,6 +254,7 @@ class RLModule(L.LightningModule):
         eval_at_start: bool = True,
         eval_at_end: bool = True,
         seed: int = 0,
+        record_rollouts: bool = False,
     ) -> None:
         super().__init__()
         check_module_config(locals(), RLModule.__init__)

@@ -1,4 +1,5 @@
-"""Rows of what a user checks a run with: the engine/trainer mismatch metrics."""
+"""Rows of what a user checks a run with: the engine/trainer mismatch metrics, the rollout
+record."""
 
 from __future__ import annotations
 
@@ -25,5 +26,33 @@ ROWS: list[Mutation] = [
         old='(tokens * sums["mismatch_ratio_sq_sum"]),\n',
         new='sums["mismatch_ratio_sq_sum"],\n',
         tests=("tests/test_mismatch.py",),
+    ),
+    Mutation(
+        name="record: the behaviour log-probs are dropped",
+        file="src/periodic_rl/callbacks/record.py",
+        old="if group.logprobs and group.logprobs[i] else None\n",
+        new="if False else None\n",
+        tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="record: the loss mask ignores mask_truncated_completions",
+        file="src/periodic_rl/callbacks/record.py",
+        old="completion_keep([group]) if masked else",
+        new="",
+        tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="record: a resumed run starts a record of its own",
+        file="src/periodic_rl/callbacks/record.py",
+        old='            self.resolved = Path(state_dict["dirpath"])\n',
+        new="            pass\n",
+        tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="record: a file is written in place, not moved into place whole",
+        file="src/periodic_rl/callbacks/record.py",
+        old="    with atomic_file(path) as tmp:\n        pq.write_table(table, tmp)\n",
+        new="    pq.write_table(table, path)\n",
+        tests=("tests/callbacks/test_rollout_record.py",),
     ),
 ]

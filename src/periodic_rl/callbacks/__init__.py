@@ -1,4 +1,5 @@
-"""Lightning callbacks for RL runs: samples, timelines, pipeline metrics, export, report.
+"""Lightning callbacks for RL runs: samples, timelines, pipeline metrics, export, report, and
+the rollout record.
 
 Each works from YAML, e.g.::
 
@@ -11,6 +12,7 @@ Each works from YAML, e.g.::
 
 from periodic_rl.callbacks.export import HFExport
 from periodic_rl.callbacks.metrics import PipelineMetrics
+from periodic_rl.callbacks.record import RolloutRecord
 from periodic_rl.callbacks.report import FitReport
 from periodic_rl.callbacks.rl_metrics import RLMetrics
 from periodic_rl.callbacks.samples import RolloutSamples
@@ -22,5 +24,6 @@ __all__ = [
     "PipelineMetrics",
     "PipelineTimeline",
     "RLMetrics",
+    "RolloutRecord",
     "RolloutSamples",
 ]

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback, RichProgressBar
 
 from periodic_rl.callbacks.export import HFExport
 from periodic_rl.callbacks.metrics import PipelineMetrics
+from periodic_rl.callbacks.record import RolloutRecord
 from periodic_rl.callbacks.report import FitReport
 from periodic_rl.callbacks.rl_metrics import RLMetrics
 from periodic_rl.callbacks.samples import RolloutSamples
@@ -66,8 +67,12 @@ class RLProgressBar(RichProgressBar):
 
 def default_callbacks(trainer: Trainer) -> list[Callback]:
     """The default callbacks (those ``examples/arithmetic.yaml`` lists, but the checkpoint
-    Lightning adds itself) whose type ``trainer`` does not already hold."""
+    Lightning adds itself), and the rollout record when the module asks for it, whose type
+    ``trainer`` does not already hold."""
     wanted: list[Callback] = [RLMetrics()]
+    module = trainer.lightning_module
+    if module is not None and getattr(module, "hparams", {}).get("record_rollouts", False):
+        wanted.append(RolloutRecord())  # RLModule(record_rollouts=True)
     if trainer.loggers:  # a log folder to write the artefacts to
         wanted += [
             PipelineMetrics(),

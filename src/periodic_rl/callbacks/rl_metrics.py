@@ -26,9 +26,10 @@ class RLMetrics(Callback):
     ``mismatch/kl``, the importance ratio's ``mismatch/ratio_mean``, ``_max``, ``_min`` and
     effective sample size ``mismatch/ess``, ``mismatch/missing_tokens``; with ``tis_cap`` also
     ``mismatch/tis_weight`` and ``mismatch/tis_capped_frac``; see the module
-    ``periodic_rl.algorithms.mismatch``), and throughput (rollouts/s, tokens/s); with the strategy's ``max_staleness >= 1`` the groups' lag
-    (``staleness/*``). ``reward_running`` is the mean training
-    reward over the run so far (a torchmetrics ``MeanMetric``, weighted by completions).
+    ``periodic_rl.algorithms.mismatch``), and throughput (rollouts/s, tokens/s); with the
+    strategy's ``max_staleness >= 1`` the groups' lag (``staleness/*``). ``reward_running`` is
+    the mean training reward over the run so far (a torchmetrics ``MeanMetric``, weighted by
+    completions).
 
     Args:
         progress_bar: metric names also shown in the progress bar.

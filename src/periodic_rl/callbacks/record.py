@@ -1,0 +1,189 @@
+"""`RolloutRecord`: every trained completion, as it was trained, in Parquet files.
+
+A run's metrics say how it went; the record says exactly what each update was computed from, so
+that an update can be recomputed and checked after the fact. After every iteration each rank
+writes the completions it trained to ``<dir>/iteration_<i>_rank<r>.parquet`` (``i``: the
+iteration, 0-based, six digits), one row per completion, written to a temporary name and moved
+into place: a run stopped mid-iteration leaves the iterations before it whole and nothing of
+that one. Read the record with ``datasets.load_dataset("parquet", data_files=
+"<dir>/*.parquet", split="train")`` or ``pyarrow.parquet.read_table``.
+
+The folder is ``<log_dir>/rollouts`` (the run's log folder, else ``default_root_dir``) unless
+given. It is saved in the checkpoint: a run resumed from it continues the same record, and an
+iteration the first run had already recorded past the checkpoint is written again, whole.
+
+Columns (``list<...>`` columns hold one value per completion token):
+
+========================  ===================================================================
+``iteration``             the iteration (0-based; the policy version it trained)
+``rank``                  the training rank that trained the row
+``micro_batch``           the micro-batch of the iteration (on that rank, 0-based)
+``group``, ``sample``     the prompt group's index in the iteration, the completion's in it
+``version``               the policy version that generated the group
+``fingerprint``           the fingerprint of the weights that generated it
+``worker``, ``seed``      the rollout worker and the group's sampling seed
+``prompt_ids``            ``list<int32>``: the prompt's token ids
+``completion_ids``        ``list<int32>``: the completion's token ids
+``loss_mask``             ``list<int8>``: 1 where the token counts in the loss
+``behaviour_logprobs``    ``list<float32>``: the engine's log-prob of each sampled token (null
+                          when the engine returned none)
+``truncated``             the completion hit ``max_new_tokens`` without an end token
+``reward``                the total (weighted) reward
+``rewards/<name>``        each reward function's value
+``advantage``             the completion's advantage
+``prompt``                the prompt as the rewards saw it (chat messages as JSON)
+``completion``            the completion's text
+``columns``               the data row's other columns (JSON), which the rewards read too
+``temperature``, ...      the sampling settings: ``temperature``, ``top_p``, ``top_k``,
+                          ``min_p``, ``repetition_penalty``, ``max_new_tokens``
+========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from lightning.pytorch.callbacks import Callback
+
+from periodic_rl.callbacks._common import atomic_file, finished_iteration, last_iteration, run_dir
+from periodic_rl.iteration import IterationStats
+from periodic_rl.truncation import completion_keep
+
+#: The sampling settings recorded with every row (the module's hyperparameters of that name).
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+_FIXED = [
+    ("iteration", pa.int64()),
+    ("rank", pa.int32()),
+    ("micro_batch", pa.int32()),
+    ("group", pa.int64()),
+    ("sample", pa.int32()),
+    ("version", pa.int64()),
+    ("fingerprint", pa.string()),
+    ("worker", pa.int32()),
+    ("seed", pa.int64()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("completion_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("behaviour_logprobs", pa.list_(pa.float32())),
+    ("truncated", pa.bool_()),
+    ("reward", pa.float64()),
+]
+_TEXT = [("advantage", pa.float64()), ("prompt", pa.string()), ("completion", pa.string())]
+_SETTINGS = [
+    ("columns", pa.string()),
+    ("temperature", pa.float64()),
+    ("top_p", pa.float64()),
+    ("top_k", pa.int64()),
+    ("min_p", pa.float64()),
+    ("repetition_penalty", pa.float64()),
+    ("max_new_tokens", pa.int64()),
+]
+
+
+def record_schema(reward_names: list[str]) -> pa.Schema:
+    """The record's schema for a run whose reward functions are ``reward_names``."""
+    rewards = [(f"rewards/{name}", pa.float64()) for name in reward_names]
+    return pa.schema([*_FIXED, *rewards, *_TEXT, *_SETTINGS])
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+
+
+def record_rows(
+    stats: IterationStats,
+    iteration: int,
+    rank: int,
+    hparams: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One row per trained completion of the iteration ``stats`` describes (training order)."""
+    masked = bool(hparams.get("mask_truncated_completions", False))
+    sampling = {name: hparams.get(name) for name in SAMPLING}
+    rows = []
+    for group in stats.groups:
+        keep = completion_keep([group]) if masked else [True] * len(group.completion_ids)
+        for i, ids in enumerate(group.completion_ids):
+            logprobs = group.logprobs[i] if group.logprobs and group.logprobs[i] else None
+            rows.append(
+                {
+                    "iteration": iteration,
+                    "rank": rank,
+                    "micro_batch": stats.micro_batch.get(group.index, 0),
+                    "group": group.index,
+                    "sample": i,
+                    "version": group.version,
+                    "fingerprint": group.fingerprint,
+                    "worker": group.worker,
+                    "seed": group.seed,
+                    "prompt_ids": list(group.prompt_ids),
+                    "completion_ids": list(ids),
+                    "loss_mask": [int(keep[i])] * len(ids),
+                    "behaviour_logprobs": logprobs,
+                    "truncated": bool(group.truncated[i]) if group.truncated else False,
+                    "reward": group.rewards[i],
+                    **{f"rewards/{k}": v[i] for k, v in group.reward_components.items()},
+                    "advantage": group.advantages[i] if group.advantages else None,
+                    "prompt": _json(group.prompt),
+                    "completion": group.completions[i],
+                    "columns": _json(group.columns),
+                    **sampling,
+                }
+            )
+    return rows
+
+
+def write_record(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write ``rows`` as one Parquet file at ``path``, atomically (whole or absent)."""
+    names = [c[len("rewards/") :] for c in rows[0] if c.startswith("rewards/")] if rows else []
+    table = pa.Table.from_pylist(rows, schema=record_schema(names))
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
+    return path
+
+
+class RolloutRecord(Callback):
+    """Write every trained completion of every iteration to Parquet (module docstring).
+
+    ``RLModule(record_rollouts=True)`` adds one; pass your own to choose the folder.
+
+    Args:
+        dirpath: the record's folder (default ``<log_dir>/rollouts``).
+    """
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        self.dirpath = dirpath
+        self.resolved: Path | None = Path(dirpath) if dirpath is not None else None
+        self.written: list[Path] = []
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.resolved is None:
+            self.resolved = run_dir(trainer) / "rollouts"
+
+    def file_of(self, iteration: int, rank: int) -> Path:
+        """Where iteration ``iteration`` of rank ``rank`` is recorded."""
+        assert self.resolved is not None, "used before setup"
+        return self.resolved / f"iteration_{iteration:06d}_rank{rank}.parquet"
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = last_iteration(pl_module)
+        if stats is None or not stats.groups:
+            return
+        iteration, rank = finished_iteration(trainer), trainer.global_rank
+        rows = record_rows(stats, iteration, rank, pl_module.hparams)
+        self.written.append(write_record(self.file_of(iteration, rank), rows))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dirpath": None if self.resolved is None else str(self.resolved)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed run continues the record of the run it resumes (unless given a folder)."""
+        if self.dirpath is None and state_dict.get("dirpath"):
+            self.resolved = Path(state_dict["dirpath"])
