@@ -32,13 +32,20 @@ class KeepsWhatItTrained(RLModule):
     def on_fit_start(self) -> None:
         super().on_fit_start()
         self.trained: list[tuple[list, dict[int, int], dict[str, float]]] = []
+        self.steps: list[list[dict]] = []  # per iteration, per optimizer step: the gradients
+
+    def on_before_optimizer_step(self, optimizer):
+        grads = {n: p.grad.clone() for n, p in self.named_parameters() if p.grad is not None}
+        self.stepped.append(grads)  # the gradient the step applies
 
     def training_step(self, batch, batch_idx):
+        self.stepped: list[dict] = []
         super().training_step(batch, batch_idx)
         stats = self.last_iteration
         self.trained.append(
             (copy.deepcopy(stats.groups), dict(stats.micro_batch), dict(stats.loss))
         )
+        self.steps.append(self.stepped)
 
 
 def fit(model_path: str, root: Path, steps: int, ckpt_path: str | None = None):
@@ -120,11 +127,32 @@ def test_the_record_read_back_is_what_was_trained(recorded, tmp_path):
     assert any(0 in r["loss_mask"] for r in rows) and kept  # both kinds of rows
 
 
+def test_each_file_carries_the_digest_of_the_gradient_its_steps_applied(recorded):
+    root, module, _ = recorded
+    for iteration, steps in enumerate(module.steps):
+        path = root / "rollouts" / f"iteration_{iteration:06d}_rank0.parquet"
+        digests = record_module.read_gradient_digest(path)
+        assert len(digests) == len(steps) == 1
+        (digest,), (grads,) = digests, steps
+        assert set(digest) == set(grads) and grads
+        for name, grad in grads.items():
+            total, squares = digest[name]
+            scale = grad.double().abs().sum().item()  # float32 sums: error ~1e-7 of this
+            assert total == pytest.approx(grad.double().sum().item(), abs=1e-6 * scale)
+            assert squares == pytest.approx(grad.double().square().sum().item(), rel=1e-5)
+    first = record_module.read_gradient_digest(root / "rollouts" / "iteration_000000_rank0.parquet")
+    last = record_module.read_gradient_digest(root / "rollouts" / "iteration_000001_rank0.parquet")
+    assert first != last
+
+
 def test_a_resumed_run_continues_the_record(recorded, tiny_llama_path, tmp_path):
     """Resumed from the checkpoint after iteration 0, in another folder: the record goes on in
     the first run's folder, iteration 1 written again exactly as the first run had it."""
     root, _, _ = recorded
     first = pq.read_table(root / "rollouts" / "iteration_000001_rank0.parquet")
+    digest = record_module.read_gradient_digest(
+        root / "rollouts" / "iteration_000001_rank0.parquet"
+    )
     checkpoint = next((root / "ckpt").glob("*step=1.ckpt"))
     fit(tiny_llama_path, tmp_path / "resumed", 3, ckpt_path=str(checkpoint))
     assert not (tmp_path / "resumed" / "rollouts").exists()
@@ -132,6 +160,8 @@ def test_a_resumed_run_continues_the_record(recorded, tiny_llama_path, tmp_path)
     assert names == [f"iteration_{i:06d}_rank0.parquet" for i in range(3)]
     again = pq.read_table(root / "rollouts" / "iteration_000001_rank0.parquet")
     assert again.equals(first)
+    path = root / "rollouts" / "iteration_000001_rank0.parquet"
+    assert record_module.read_gradient_digest(path) == digest  # the same update, bit for bit
 
 
 def test_a_failed_write_leaves_no_file(recorded, tmp_path, monkeypatch):

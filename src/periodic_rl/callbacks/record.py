@@ -37,17 +37,24 @@ Columns (``list<...>`` columns hold one value per completion token):
 ``temperature``, ...      the sampling settings: ``temperature``, ``top_p``, ``top_k``,
                           ``min_p``, ``repetition_penalty``, ``max_new_tokens``
 ========================  ===================================================================
+
+Each file also carries, in its Parquet metadata (:func:`read_gradient_digest`), a digest of the
+gradient every optimizer step of the iteration applied (after normalisation and clipping): per
+trainable parameter, the sum and the sum of squares of its gradient on that rank (two passes
+over the gradients a step). Two runs that computed the same update give the same digest up to
+float summation order.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from periodic_rl.callbacks._common import atomic_file, finished_iteration, last_iteration, run_dir
@@ -138,10 +145,52 @@ def record_rows(
     return rows
 
 
-def write_record(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Write ``rows`` as one Parquet file at ``path``, atomically (whole or absent)."""
+#: The Parquet metadata key of the gradient digest.
+DIGEST_KEY = b"periodic_rl.gradient_digest"
+
+GradientDigest = dict[str, tuple[float, float]]  # parameter name -> (sum, sum of squares)
+
+
+def gradient_digest(module: torch.nn.Module) -> GradientDigest:
+    """The sum and sum of squares of every trainable parameter's gradient on this rank (its
+    local shard under FSDP); parameters without a gradient are left out."""
+    digest: GradientDigest = {}
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            grad = param.grad
+            if not param.requires_grad or grad is None:
+                continue
+            local = (grad.to_local() if hasattr(grad, "to_local") else grad).detach()
+            digest[name] = _sums(local.reshape(-1))
+    return digest
+
+
+def _sums(flat: torch.Tensor, row: int = 4096) -> tuple[float, float]:
+    """Sum and sum of squares of ``flat``: over rows of ``row`` values in its own dtype (as
+    fast as the dtype allows), the rows' results added in float64 (so the error stays that of
+    a short sum)."""
+    cut = flat.numel() - flat.numel() % row
+    rows, rest = flat[:cut].view(-1, row), flat[cut:].double()
+    total = rows.sum(dim=1).double().sum() + rest.sum()
+    norms = torch.linalg.vector_norm(rows, dim=1).double()
+    return float(total), float(norms.square().sum() + rest.square().sum())
+
+
+def read_gradient_digest(path: str | Path) -> list[GradientDigest]:
+    """The gradient digest of each optimizer step recorded in one record file."""
+    metadata = pq.read_schema(path).metadata or {}
+    steps = json.loads(metadata.get(DIGEST_KEY, b"[]"))
+    return [{name: (s, q) for name, (s, q) in step.items()} for step in steps]
+
+
+def write_record(
+    path: Path, rows: list[dict[str, Any]], digests: Sequence[GradientDigest] = ()
+) -> Path:
+    """Write ``rows`` (and the iteration's gradient ``digests``) as one Parquet file at
+    ``path``, atomically (whole or absent)."""
     names = [c[len("rewards/") :] for c in rows[0] if c.startswith("rewards/")] if rows else []
-    table = pa.Table.from_pylist(rows, schema=record_schema(names))
+    schema = record_schema(names).with_metadata({DIGEST_KEY: json.dumps(list(digests))})
+    table = pa.Table.from_pylist(rows, schema=schema)
     with atomic_file(path) as tmp:
         pq.write_table(table, tmp)
     return path
@@ -160,6 +209,7 @@ class RolloutRecord(Callback):
         self.dirpath = dirpath
         self.resolved: Path | None = Path(dirpath) if dirpath is not None else None
         self.written: list[Path] = []
+        self._digests: list[GradientDigest] = []  # the iteration's optimizer steps so far
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.resolved is None:
@@ -170,6 +220,14 @@ class RolloutRecord(Callback):
         assert self.resolved is not None, "used before setup"
         return self.resolved / f"iteration_{iteration:06d}_rank{rank}.parquet"
 
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._digests = []
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._digests.append(gradient_digest(pl_module))
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -178,7 +236,8 @@ class RolloutRecord(Callback):
             return
         iteration, rank = finished_iteration(trainer), trainer.global_rank
         rows = record_rows(stats, iteration, rank, pl_module.hparams)
-        self.written.append(write_record(self.file_of(iteration, rank), rows))
+        path = write_record(self.file_of(iteration, rank), rows, self._digests)
+        self.written.append(path)
 
     def state_dict(self) -> dict[str, Any]:
         return {"dirpath": None if self.resolved is None else str(self.resolved)}
