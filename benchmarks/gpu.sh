@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# periodic_rl vs TRL 1.16 on one CUDA GPU: the table of benchmarks/vs_trl.py, in one call.
+# A full cloud GPU machine (network, CUDA): the GPU correctness checks, then periodic_rl vs TRL
+# 1.16 (the table of benchmarks/vs_trl.py), in one call.
 #
-#   bash benchmarks/gpu.sh                 # set-up (first time), then the benchmark
+#   bash benchmarks/gpu.sh                 # set-up (first time), checks, then the benchmark
 #   GPU_STEPS=8 GPU_REPEATS=3 bash benchmarks/gpu.sh
 #
 # What it does:
@@ -11,15 +12,19 @@
 #      against the installed torch, hence --no-build-isolation; if it does not build within
 #      20 minutes the run goes on without it and periodic_rl's shared-prompt attention uses
 #      the `split` SDPA backend), and TRL 1.16 for the comparison;
-#   2. the model: Qwen/Qwen2.5-0.5B-Instruct when the hub is reachable, else a model of the same
+#   2. correctness first: the GPU check (benchmarks/gpu_check.py, results in
+#      benchmarks/results/gpu_check/) and the GPU-only tests (pytest -m gpu): DeepSpeed ZeRO-2/3
+#      against one device, FlexAttention and flash-attn backward, training on CUDA;
+#   3. the model: Qwen/Qwen2.5-0.5B-Instruct when the hub is reachable, else a model of the same
 #      shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied embeddings) with random
 #      weights, built from a config, saved in bf16, with SmolLM2's tokenizer (vocabulary 49152
 #      instead of Qwen's 151936: ~0.36B parameters instead of 0.49B);
-#   3. benchmarks/vs_trl.py --device cuda --precision bf16-mixed: configurations a (TRL,
+#   4. benchmarks/vs_trl.py --device cuda --precision bf16-mixed: configurations a (TRL,
 #      transformers generate), b (TRL, vLLM colocate), c / c2 / d (periodic_rl sync, sync with
-#      packing, periodic-async); results in benchmarks/results/vs_trl_gpu.json;
-#   4. the GPU-only tests (pytest -m gpu): DeepSpeed ZeRO-2/3 against one device, FlexAttention
-#      and flash-attn backward, training on CUDA.
+#      packing, periodic-async); results in benchmarks/results/vs_trl_gpu.json. It runs whatever
+#      step 2 found; the script exits non-zero when a check or test failed.
+#
+# The lent GPU machine (no network, torch preinstalled) runs only the GPU check: `make gpu-wheels`.
 #
 # Never run in CI (it refuses when $CI is set). Written on a CPU-only machine and NOT tested
 # there: no GPU was available (docs/benchmarks.md says so).
@@ -72,7 +77,17 @@ for name in ("vllm", "transformers", "trl", "lightning", "ray"):
 print("flash_attn", "yes" if importlib.util.find_spec("flash_attn") else "no")
 EOF
 
-# ---- 2. the model ------------------------------------------------------------------------------
+# ---- 2. correctness first: the GPU check, the GPU-only tests -----------------------------------
+# The check: training overlapped == synchronous, packing == padded, the probe, ZeRO-2/3.
+# The tests: DeepSpeed ZeRO-2/3, FlexAttention and flash-attn backward, CUDA training, the NCCL
+# broadcast push into CUDA vLLM; results in benchmarks/results/gpu_tests.json.
+status=0
+"$PY" benchmarks/gpu_check.py --out benchmarks/results/gpu_check \
+    --commit "$(git rev-parse --short=12 HEAD)" || status=$?
+"$PY" -m pytest -m gpu -q -rs tests/ --junitxml=benchmarks/results/gpu_tests.xml || status=$?
+"$PY" benchmarks/junit_json.py benchmarks/results/gpu_tests.xml benchmarks/results/gpu_tests.json
+
+# ---- 3. the model ------------------------------------------------------------------------------
 if [[ ! -f $MODEL_DIR/config.json ]]; then
     "$PY" - "$MODEL_DIR" <<'EOF'
 import sys
@@ -113,16 +128,10 @@ print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters -> {t
 EOF
 fi
 
-# ---- 3. the benchmark --------------------------------------------------------------------------
+# ---- 4. the benchmark --------------------------------------------------------------------------
 "$PY" benchmarks/vs_trl.py --device cuda --precision bf16-mixed --model "$MODEL_DIR" \
     --steps "$STEPS" --repeats "$REPEATS" --prompts "$PROMPTS" \
     --num-generations "$GENERATIONS" --max-new-tokens "$MAX_NEW_TOKENS" \
     --max-load 100 --max-wait 0 --output benchmarks/results/vs_trl_gpu.json "$@"
 
-# ---- 4. the GPU-only tests ---------------------------------------------------------------------
-# DeepSpeed ZeRO-2/3, FlexAttention and flash-attn backward, CUDA training, the NCCL broadcast
-# push into CUDA vLLM; results in benchmarks/results/gpu_tests.json.
-status=0
-"$PY" -m pytest -m gpu -q -rs tests/ --junitxml=benchmarks/results/gpu_tests.xml || status=$?
-"$PY" benchmarks/junit_json.py benchmarks/results/gpu_tests.xml benchmarks/results/gpu_tests.json
 exit $status

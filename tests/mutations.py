@@ -46,6 +46,8 @@ COPIED = [
     "benchmarks/vs_trl.py",  # the order of the runs
     "benchmarks/benchmarks_doc.py",  # the page's reading of the runs, and its text
     "benchmarks/benchmarks_doc_text.py",
+    "benchmarks/gpu_check*.py",  # the GPU check, its parts and its page (tests/test_gpu_check.py)
+    "benchmarks/gpu_wheels.py",
 ]
 TIMEOUT_S = 1200
 

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 
 from periodic_rl import PeriodicAsyncStrategy, RLModule
-from periodic_rl.module_setup import disable_dropout, show_info_logs
+from periodic_rl.module_setup import disable_dropout, log_choices, show_info_logs
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
 
-def choices(model_path, accelerator, module_kwargs=None, **strategy):
+def choices(model_path, accelerator, module_kwargs=None, precision="32-true", **strategy):
     """The run choices of a module attached to a Trainer on ``accelerator`` (not fitted)."""
     module = RLModule(model=model_path, **(module_kwargs or {}))
     trainer = L.Trainer(
@@ -35,6 +35,7 @@ def choices(model_path, accelerator, module_kwargs=None, **strategy):
         enable_checkpointing=False,
         accelerator=accelerator,
         devices=1,
+        precision=precision,
         strategy=PeriodicAsyncStrategy(**strategy),
     )
     module.trainer = trainer
@@ -70,6 +71,48 @@ def test_the_run_start_summary_names_the_choices(tiny_llama_path):
     text = choices(tiny_llama_path, "cpu", engine="vllm").describe()
     assert "cpu" in text and "float32 weights" in text and "vllm engine in float32" in text
     assert "correction (tis_cap) on, cap 2" in text
+
+
+def said_at_start(run, caplog) -> list[logging.LogRecord]:
+    """The records the module logs about ``run`` at the start of a fit."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="periodic_rl_test"):
+        log_choices(run, logging.getLogger("periodic_rl_test"))
+    return caplog.records
+
+
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_a_bf16_engine_against_an_fp32_trainer_is_corrected_and_said(
+    fake_gpu, tiny_llama_path, caplog, engine
+):
+    """On a GPU both engines sample in bf16 by default: an fp32 trainer then has the
+    correction on, and the start of the run says the distributions differ, naming both."""
+    run = choices(tiny_llama_path, "gpu", {"dtype": "float32"}, engine=engine)
+    assert (run.dtype, run.engine_dtype, run.tis_cap) == ("float32", "bfloat16", 2.0)
+    summary, mismatch = said_at_start(run, caplog)
+    assert "run: " in summary.getMessage()
+    assert mismatch.levelno == logging.INFO
+    text = mismatch.getMessage()
+    assert f"{engine} engine samples in bfloat16 while the trainer computes in float32" in text
+    assert "on-policy by version" in text and "(tis_cap) is on, cap 2" in text
+
+
+def test_the_uncorrected_mismatch_is_a_warning_and_equal_dtypes_say_nothing(
+    fake_gpu, tiny_llama_path, caplog
+):
+    run = choices(tiny_llama_path, "gpu", {"dtype": "float32", "tis_cap": None}, engine="vllm")
+    (mismatch,) = said_at_start(run, caplog)[1:]
+    assert mismatch.levelno == logging.WARNING and "correction is off" in mismatch.getMessage()
+    same = choices(tiny_llama_path, "gpu", engine="vllm")  # bf16 on both sides
+    assert len(said_at_start(same, caplog)) == 1  # the summary only
+
+
+def test_a_mixed_precision_trainer_computes_in_bf16_against_an_fp32_engine(tiny_llama_path, caplog):
+    """``bf16-mixed`` on fp32 weights: the HF engine in float32 no longer shares the trainer's
+    numerics, so ``auto`` turns the correction on."""
+    run = choices(tiny_llama_path, "cpu", precision="bf16-mixed", engine="hf")
+    assert (run.dtype, run.engine_dtype, run.tis_cap) == ("float32", "float32", 2.0)
+    assert "trainer computes in bfloat16" in said_at_start(run, caplog)[1].getMessage()
 
 
 # ---- dropout ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4
 LONG = {"prompt": "count: " + " ".join(str(i) for i in range(300)), "answer": "0"}
 
 
-def test_prompt_longer_than_vllm_max_model_len_fails_before_vllm_starts(tiny_llama_path, tmp_path):
+def test_prompt_longer_than_vllm_max_model_len_fails_before_vllm_starts(vllm_tiny_path, tmp_path):
     strategy = None
     expected = (
         r"training row 3 \(prompt 'count: 0 1 2.*\): its prompt "
@@ -51,16 +51,16 @@ def test_prompt_longer_than_vllm_max_model_len_fails_before_vllm_starts(tiny_lla
     )
     with pytest.raises(ValueError, match=expected) as err:
         strategy = fit_until_setup(
-            tiny_llama_path, [*ROWS[:3], LONG], "vllm", {"max_model_len": 256}, tmp_path
+            vllm_tiny_path, [*ROWS[:3], LONG], "vllm", {"max_model_len": 256}, tmp_path
         )
     assert strategy is None
     assert "set max_prompt_length" in str(err.value)
 
 
-def test_long_prompt_cut_by_max_prompt_length_fits(tiny_llama_path, tmp_path):
+def test_long_prompt_cut_by_max_prompt_length_fits(vllm_tiny_path, tmp_path):
     """With ``max_prompt_length`` (left truncation) the cut prompt is what must fit."""
     module = RLModule(
-        model=tiny_llama_path, num_generations=2, max_new_tokens=32, max_prompt_length=64
+        model=vllm_tiny_path, num_generations=2, max_new_tokens=32, max_prompt_length=64
     )
     module.configure_model()
     from periodic_rl.data.sources import PromptSource
@@ -70,8 +70,8 @@ def test_long_prompt_cut_by_max_prompt_length_fits(tiny_llama_path, tmp_path):
     check_data_and_model(module, PromptSource(train=[LONG], val=[]), strategy)
 
 
-def test_held_out_prompt_too_long_is_named(tiny_llama_path, tmp_path):
-    module = RLModule(model=tiny_llama_path, num_generations=2, max_new_tokens=32)
+def test_held_out_prompt_too_long_is_named(vllm_tiny_path, tmp_path):
+    module = RLModule(model=vllm_tiny_path, num_generations=2, max_new_tokens=32)
     module.configure_model()
     from periodic_rl.data.sources import PromptSource
     from periodic_rl.setup_checks import check_data_and_model
@@ -81,11 +81,12 @@ def test_held_out_prompt_too_long_is_named(tiny_llama_path, tmp_path):
         check_data_and_model(module, PromptSource(train=ROWS, val=[LONG]), strategy)
 
 
-def test_kv_cache_too_small_fails_before_vllm_starts(tiny_llama_path, tmp_path):
-    # tiny Llama: 2 layers x 2 KV heads x 16 dims x fp32 = 512 bytes a token.
+def test_kv_cache_too_small_fails_before_vllm_starts(vllm_tiny_path, tmp_path):
+    # the tiny Llama vLLM's CPU attention takes: 2 layers x 1 KV head x 32 dims x fp32 = 512
+    # bytes a token.
     with pytest.raises(ValueError, match=r"engine_kwargs.kv_cache_gb=0.0001 GiB holds 209 tokens"):
         fit_until_setup(
-            tiny_llama_path, ROWS, "vllm", {"max_model_len": 256, "kv_cache_gb": 0.0001}, tmp_path
+            vllm_tiny_path, ROWS, "vllm", {"max_model_len": 256, "kv_cache_gb": 0.0001}, tmp_path
         )
 
 

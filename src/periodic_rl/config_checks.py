@@ -161,8 +161,28 @@ def check_sampling(args: dict[str, Any]) -> None:
     )
 
 
+#: Lightning's precisions that train in float16 behind a loss scale, refused by
+#: :func:`check_precision`.
+FP16_PRECISIONS = ("16-mixed", "16-true")
+
+
+def check_precision(precision: str) -> None:
+    """Refuse a float16 training precision. Under ``16-mixed`` with manual optimisation the
+    gradients are clipped while still multiplied by the loss scale (Lightning #18089), so the
+    clip cuts them far too hard; DeepSpeed's fp16 (``16-mixed`` / ``16-true``) adds a dynamic
+    loss scaler that changes the scale the iteration's gradients are divided by."""
+    if str(precision) in FP16_PRECISIONS:
+        raise ValueError(
+            f"Trainer(precision={precision!r}) is not supported: float16 training clips the "
+            "gradients while they are still loss-scaled. Use precision='bf16-mixed' (or "
+            "'bf16-true', or '32-true' on hardware without bfloat16)"
+        )
+
+
 def check_run_config(hparams: Any, trainer: Any) -> None:
-    """Refuse settings that only clash with the trainer or its strategy, before engines start."""
+    """Refuse settings that only clash with the trainer or its strategy, before any model
+    loads or engine starts."""
+    check_precision(trainer.precision)
     updates = hparams.get("num_iterations", 1)
     staleness = getattr(trainer.strategy, "max_staleness", 0)
     if updates > 1 and staleness > 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, closing
+from contextlib import AbstractContextManager, closing, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -38,6 +38,7 @@ from periodic_rl.module_setup import (
     build_scorer,
     encode_prompt,
     load_policy,
+    log_choices,
     probe_rewards,
     reference_model,
     resolve_choices,
@@ -292,7 +293,11 @@ class RLModule(L.LightningModule):
             trainer = attached_trainer(self)
             device = trainer.strategy.root_device.type if trainer is not None else "cpu"
             dtype = training_dtype(self.hparams.get("dtype", "auto"), device)
-            self.policy, self.reference = load_policy(self.model_path, self.hparams, dtype)
+            strategy = trainer.strategy if trainer is not None else None
+            rollouts = isinstance(strategy, RolloutStrategy)
+            loading = strategy.policy_loading() if rollouts else nullcontext()
+            with loading:  # ZeRO-3: partitioned as it loads
+                self.policy, self.reference = load_policy(self.model_path, self.hparams, dtype)
             if self.device_mesh is not None:  # periodic_async_fsdp (ModelParallelStrategy)
                 shard_policy(self.policy, self.device_mesh["data_parallel"])
 
@@ -302,10 +307,10 @@ class RLModule(L.LightningModule):
         quiet_known_noise()  # again: a warnings.catch_warnings block may have dropped them
         self._choices = None  # this fit's strategy decides them
         self.nothing_to_train = False
-        self.configure_model()
         trainer = attached_trainer(self)
-        if trainer is not None and stage == "fit":
+        if trainer is not None and stage == "fit":  # before the model loads
             check_run_config(self.hparams, trainer)
+        self.configure_model()
         datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
         source = datamodule.source if datamodule is not None else None
         self.scorer = build_scorer(self, source)
@@ -489,7 +494,7 @@ class RLModule(L.LightningModule):
         strategy.resume_ahead(self._loaded_ahead)  # and their bounded-staleness schedule
         self._loaded_ahead = {}
         if self.trainer.is_global_zero:
-            log.info("run: %s", self.run_choices.describe())
+            log_choices(self.run_choices, log)
         if self.hparams.eval_at_start:
             self.held_out.at_train_start(self.trainer)
 

@@ -16,7 +16,7 @@ from periodic_rl.compat.lightning import attached_trainer
 from periodic_rl.config_checks import DTYPES
 from periodic_rl.models import TOKENIZER_LOCK, load_causal_lm
 from periodic_rl.rewards import RewardModel, resolve_reward
-from periodic_rl.rollout.device_defaults import importance_cap, training_dtype
+from periodic_rl.rollout.device_defaults import compute_dtype, importance_cap, training_dtype
 from periodic_rl.scoring import Scorer
 from periodic_rl.truncation import eos_token_ids
 
@@ -97,6 +97,7 @@ class RunChoices:
     engine_dtype: str | None
     tis_cap: float | None
     tuning: str | None = None
+    max_staleness: int = 0
 
     def describe(self) -> str:
         correction = f"on, cap {self.tis_cap:g}" if self.tis_cap is not None else "off"
@@ -108,6 +109,40 @@ class RunChoices:
         if self.tuning:
             parts.append(f"hardware tuning {self.tuning}")
         return "; ".join(parts)
+
+    def dtype_mismatch(self) -> tuple[int, str] | None:
+        """When the engine samples in another dtype than the trainer computes in: the level and
+        text of the line said once at the start (a warning when nothing corrects for it), else
+        None. The run stays on-policy by version, not by distribution."""
+        trainer = compute_dtype(self.dtype, self.precision)
+        if self.engine_dtype is None or self.engine_dtype == trainer:
+            return None
+        text = (
+            f"the {self.engine} engine samples in {self.engine_dtype} while the trainer computes "
+            f"in {trainer}: every rollout comes from its iteration's weights (on-policy by "
+            f"version; the fingerprint checks the {self.engine_dtype} weights that landed), but "
+            "its sampling distribution differs from the trainer's (mismatch/* shows by how "
+            "much); "
+        )
+        if self.tis_cap is not None:
+            return (
+                logging.INFO,
+                text + f"the importance correction (tis_cap) is on, cap {self.tis_cap:g}",
+            )
+        if self.max_staleness >= 1:
+            return logging.INFO, text + "the staleness correction (max_staleness >= 1) covers it"
+        return logging.WARNING, text + (
+            "the importance correction is off (tis_cap: null): set tis_cap: auto (cap 2) or "
+            f"a number, or run the engine in {trainer}"
+        )
+
+
+def log_choices(choices: RunChoices, logger: logging.Logger) -> None:
+    """Say once, at the start, what the run chose, and how its engine's numerics differ."""
+    logger.info("run: %s", choices.describe())
+    mismatch = choices.dtype_mismatch()
+    if mismatch is not None:
+        logger.log(*mismatch)
 
 
 def resolve_choices(h: Any, strategy: Any, precision: str = "32-true") -> RunChoices:
@@ -122,8 +157,9 @@ def resolve_choices(h: Any, strategy: Any, precision: str = "32-true") -> RunCho
         precision=str(precision),
         engine=engine,
         engine_dtype=engine_dtype,
-        tis_cap=importance_cap(h.get("tis_cap", "auto"), engine, engine_dtype, dtype),
+        tis_cap=importance_cap(h.get("tis_cap", "auto"), engine, engine_dtype, dtype, precision),
         tuning=_describe_tuning(getattr(strategy, "tuning", None)),
+        max_staleness=int(getattr(strategy, "max_staleness", 0) or 0),
     )
 
 

@@ -6,7 +6,8 @@ model before any engine starts (the rows' own shape was checked when they were l
 - every training and held-out prompt encodes, within ``max_prompt_length`` under
   ``prompt_truncation='error'``, and with ``max_new_tokens`` fits the engine's ``max_model_len``;
   vLLM's KV cache holds one group (:func:`~periodic_rl.rollout.engines.engine_checks.
-  check_prompts_fit_engine`);
+  check_prompts_fit_engine`); the CPU build of vLLM supports the model's attention head size
+  (:func:`~periodic_rl.rollout.engines.engine_checks.check_engine_takes_model`);
 - with ``shared_prompt`` (the packed path), the attention backend can run here and the model's
   structure takes the packed layout (:func:`~periodic_rl.attention.integration.
   check_model_supported`; the numerical probe still runs on the first training forward).
@@ -16,7 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from periodic_rl.rollout.engines.engine_checks import check_prompts_fit_engine, model_text_config
+from periodic_rl.rollout.engines.engine_checks import (
+    check_engine_takes_model,
+    check_prompts_fit_engine,
+    model_text_config,
+)
 
 
 def check_data_and_model(module: Any, source: Any, strategy: Any) -> None:
@@ -33,6 +38,7 @@ def check_data_and_model(module: Any, source: Any, strategy: Any) -> None:
         names = [_row_name(kind, i, row) for kind, i, row in rows]
         eval_new = h.eval_max_new_tokens or h.max_new_tokens
         config = model_text_config(module.model_path)
+        check_engine_takes_model(options.engine, config, module.model_path)
         settings = getattr(strategy, "rollout_settings", None)
         kwargs = settings.engine_kwargs if settings is not None else options.engine_kwargs
         fit = (options.engine, kwargs, config)

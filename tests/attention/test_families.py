@@ -106,6 +106,25 @@ def test_probe_refuses_a_decoder_that_drops_position_ids():
         completion_logprobs(model, _call_groups(), backend="split")
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma"])
+def test_in_bf16_the_probe_accepts_the_exact_path_and_refuses_lost_position_ids(family):
+    """Half precision: rounding alone moves single tokens, yet a decoder that loses
+    ``position_ids`` below the top is still refused, and the exact packed path accepted."""
+    import torch
+    from tiny_configs import build_tiny_model
+
+    from periodic_rl.attention import SharedPromptUnsupportedError, completion_logprobs
+
+    model = build_tiny_model(family).to(torch.bfloat16)
+    with torch.no_grad():
+        completion_logprobs(model, _call_groups(), backend="split")  # probed: exact
+        broken = build_tiny_model(family).to(torch.bfloat16)
+        inner = broken.model.forward
+        broken.model.forward = lambda *args, position_ids=None, **kwargs: inner(*args, **kwargs)
+        with pytest.raises(SharedPromptUnsupportedError, match=r"largest difference .*bfloat16"):
+            completion_logprobs(broken, _call_groups(), backend="split")
+
+
 def test_probe_refuses_a_padded_forward_that_sees_the_padding():
     """A bidirectional model that drops the attention mask: padding changes its output."""
     import torch

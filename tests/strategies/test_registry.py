@@ -51,7 +51,7 @@ def test_deepspeed_gradient_division_goes_through_the_loss_scale():
     engine = SimpleNamespace(optimizer=SimpleNamespace(loss_scaler=SimpleNamespace(cur_scale=1.0)))
     saved = divide_at_next_step(engine, 37.0)
     assert engine.optimizer.loss_scaler.cur_scale == 37.0
-    restore_loss_scale(engine, saved)
+    restore_loss_scale(engine, saved, 37.0)
     assert engine.optimizer.loss_scaler.cur_scale == 1.0
 
 

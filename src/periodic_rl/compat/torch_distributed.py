@@ -6,6 +6,8 @@ every interface, and gloo binds its connections to the address the host name res
 have a public way out: a ``TCPStore`` may serve on a socket its caller has bound
 (``master_listen_fd``) and be handed to ``init_process_group(store=...)``, and gloo takes its
 interface from ``GLOO_SOCKET_IFNAME``. Pinned by ``tests/compat/test_torch_distributed.py``.
+NCCL's bootstrap sockets likewise take theirs from ``NCCL_SOCKET_IFNAME``
+(:func:`nccl_environment`, for the training ranks and the weight broadcast's group).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import torch.distributed
 
 GLOO_INTERFACE = "GLOO_SOCKET_IFNAME"
+NCCL_INTERFACE = "NCCL_SOCKET_IFNAME"
 
 
 def is_loopback(address: str) -> bool:
@@ -47,6 +50,21 @@ def loopback_interface() -> str | None:
     return None
 
 
+def nccl_environment(host: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that keep NCCL's bootstrap sockets on loopback for a group whose store is
+    at ``host``: ``NCCL_SOCKET_IFNAME`` set to the loopback interface when ``host`` is a
+    loopback address (NCCL's own choice of interface leaves ``lo`` out). Empty when the user
+    set the variable (``environ``: ``os.environ`` unless given), or when ``host`` is not
+    loopback (members on other machines: NCCL picks an interface that reaches them). NCCL reads
+    it once per process, when its first communicator forms: apply it before that, on every
+    member (trainer and workers alike)."""
+    environ = os.environ if environ is None else environ
+    if NCCL_INTERFACE in environ or not is_loopback(host):
+        return {}
+    interface = loopback_interface()
+    return {} if interface is None else {NCCL_INTERFACE: interface}
+
+
 @contextmanager
 def loopback_rendezvous() -> Iterator[None]:
     """Within this block, an ``init_process_group`` through ``env://`` whose ``MASTER_ADDR`` is
@@ -64,6 +82,7 @@ def loopback_rendezvous() -> Iterator[None]:
         interface = loopback_interface()
         if interface is not None:
             os.environ.setdefault(GLOO_INTERFACE, interface)
+        os.environ.update(nccl_environment(address))  # NCCL ranks (DDP, FSDP) bootstrap there
         kwargs["store"] = _store(address, int(os.environ["MASTER_PORT"]), rank, world_size, timeout)
         return original(*args, **kwargs)
 

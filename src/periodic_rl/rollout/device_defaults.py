@@ -200,18 +200,41 @@ def training_dtype(dtype: str, device_type: str) -> str:
     return TRAINING_DTYPES.get(device_type, "float32")
 
 
+#: Lightning precisions whose forward computes in another dtype than the weights' (autocast, or
+#: weights converted by the precision plugin).
+PRECISION_DTYPES = {
+    "bf16-mixed": "bfloat16",
+    "bf16-true": "bfloat16",
+    "16-mixed": "float16",
+    "16-true": "float16",
+    "64-true": "float64",
+}
+
+
+def compute_dtype(train_dtype: str, precision: str = "32-true") -> str:
+    """The dtype the trainer's forward computes its log-probs in: the precision's (``bf16-mixed``
+    and the like), else the weights' (``train_dtype``)."""
+    return PRECISION_DTYPES.get(str(precision), train_dtype)
+
+
 def importance_cap(
-    tis_cap: float | str | None, engine: str, engine_dtype: str | None, train_dtype: str
+    tis_cap: float | str | None,
+    engine: str,
+    engine_dtype: str | None,
+    train_dtype: str,
+    precision: str = "32-true",
 ) -> float | None:
     """The truncated-importance-sampling cap a run uses: ``tis_cap`` as given, or for ``auto``
     :data:`AUTO_TIS_CAP` whenever the engine's numerics differ from the trainer's (vLLM's
-    kernels, or another dtype) and None (off) when they are the same: the ``hf`` engine in the
-    trainer's dtype. An engine of the user's own is not known to report behaviour log-probs,
+    kernels, or an engine dtype other than the one the trainer computes in under
+    ``precision``) and None (off) when they are the same: the ``hf`` engine in the trainer's
+    compute dtype. An engine of the user's own is not known to report behaviour log-probs,
     so ``auto`` leaves it off (give ``tis_cap`` a number to turn it on)."""
     if tis_cap != "auto":
         return None if tis_cap is None else float(tis_cap)
     if engine == "vllm":
         return AUTO_TIS_CAP
     if engine == "hf":
-        return None if engine_dtype in (None, train_dtype) else AUTO_TIS_CAP
+        same = (None, compute_dtype(train_dtype, precision))
+        return None if engine_dtype in same else AUTO_TIS_CAP
     return None

@@ -18,7 +18,7 @@ Pick one by name in YAML (``strategy: periodic_async_ddp``) or pass an instance.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from lightning.pytorch.strategies import (
@@ -83,13 +83,44 @@ class PeriodicAsyncFSDPStrategy(_LoopbackRendezvous, RolloutsMixin, ModelParalle
 class PeriodicAsyncDeepSpeedStrategy(_LoopbackRendezvous, RolloutsMixin, DeepSpeedStrategy):
     """DeepSpeed ZeRO (stage 2: optimizer state and gradients sharded; stage 3: parameters
     too) + the rollout side. Needs CUDA and the ``deepspeed`` extra (``pip install
-    periodic_rl[deepspeed]``). Stage 3 pushes gather one weight at a time onto rank 0
-    (``GatheredParameters``). The gradients live in DeepSpeed's partitions, so the iteration's
-    normaliser divides them through DeepSpeed's loss scale at the step
-    (:func:`periodic_rl.compat.deepspeed.divide_at_next_step`)."""
+    periodic_rl[deepspeed]``). The gradients live in DeepSpeed's partitions, so the iteration's
+    normaliser divides them through DeepSpeed's loss scale at the step, where DeepSpeed also
+    clips them at the module's ``max_grad_norm`` (its config's ``gradient_clipping``; fp16 is
+    refused: :mod:`periodic_rl.compat.deepspeed`). Stage 3 loads the policy (and the reference)
+    partitioned over the ranks, and pushes gather one weight at a time onto rank 0
+    (``GatheredParameters``)."""
 
     strategy_name = "periodic_async_deepspeed"
     atomic_checkpoints = False  # DeepSpeed writes its own checkpoint directory
+
+    def setup_environment(self) -> None:
+        self._with_module_clip()  # a clash with the user's config: before any model loads
+        super().setup_environment()
+
+    def _format_config(self) -> None:
+        self.config = self._with_module_clip()
+        super()._format_config()
+
+    def _with_module_clip(self) -> Any:
+        """The DeepSpeed config with the module's ``max_grad_norm`` as its ``gradient_clipping``
+        (:func:`periodic_rl.compat.deepspeed.training_config`), once a module is attached."""
+        module = self.lightning_module
+        if module is None or not isinstance(self.config, dict):
+            return self.config
+        from periodic_rl.compat.deepspeed import training_config
+
+        return training_config(self.config, module.hparams.get("max_grad_norm"))
+
+    def policy_loading(self) -> AbstractContextManager[Any]:
+        """Under ZeRO-3, ``from_pretrained`` partitions the policy over the ranks as it loads
+        (:func:`periodic_rl.compat.deepspeed.zero3_loading`, with the run's DeepSpeed config)."""
+        if not self.zero_stage_3:
+            return nullcontext()
+        from periodic_rl.compat.deepspeed import zero3_loading
+
+        self._init_config_if_needed()  # batch size, precision, clipping: what zero.Init reads
+        assert isinstance(self.config, dict)
+        return zero3_loading(self.config)
 
     def gathered_weights(self) -> AbstractContextManager[Any]:
         gather = zero3_full_tensor if self.zero_stage_3 else None
@@ -98,17 +129,18 @@ class PeriodicAsyncDeepSpeedStrategy(_LoopbackRendezvous, RolloutsMixin, DeepSpe
     def divide_gradients(self, optimizer: Any, denominator: float) -> None:
         from periodic_rl.compat.deepspeed import divide_at_next_step
 
-        self._saved_loss_scale = divide_at_next_step(self.deepspeed_engine, denominator)
+        saved = divide_at_next_step(self.deepspeed_engine, denominator)
+        self._divided_scale: tuple[float, float] | None = (saved, float(denominator))
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         from periodic_rl.compat.deepspeed import restore_loss_scale
 
-        saved, self._saved_loss_scale = getattr(self, "_saved_loss_scale", None), None
+        divided, self._divided_scale = getattr(self, "_divided_scale", None), None
         try:
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         finally:
-            if saved is not None:
-                restore_loss_scale(self.deepspeed_engine, saved)
+            if divided is not None:
+                restore_loss_scale(self.deepspeed_engine, *divided)
 
 
 for _cls, _base in (

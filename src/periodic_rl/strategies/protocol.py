@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from periodic_rl.rollout.controller import PromptShare
@@ -87,4 +88,9 @@ class RolloutStrategy(Protocol):
         self, optimizer: Optimizer | LightningOptimizer, denominator: float
     ) -> None:
         """Divide the summed gradients by the iteration's loss normaliser."""
+        ...
+
+    def policy_loading(self) -> AbstractContextManager[Any]:
+        """The context the module loads its policy and reference in (ZeRO-3: partitioned over
+        the ranks as they load)."""
         ...

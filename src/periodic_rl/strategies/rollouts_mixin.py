@@ -228,6 +228,11 @@ class RolloutsMixin:
         strategies override it (:mod:`periodic_rl.weight_sync.gather`)."""
         return nullcontext()
 
+    def policy_loading(self) -> AbstractContextManager[Any]:
+        """The context the module loads its policy and reference in; a strategy that shards
+        parameters as they are created overrides it (DeepSpeed ZeRO-3)."""
+        return nullcontext()
+
     def divide_gradients(
         self, optimizer: Optimizer | LightningOptimizer, denominator: float
     ) -> None:

@@ -24,12 +24,17 @@ backend built directly on a store: NCCL between GPUs, gloo between CPUs.
   closes its group (:meth:`WeightGroup.close`); the caller re-forms a new generation.
 
 Gloo binds its connections to an address given explicitly (``ProcessGroupGloo.create_device``),
-never to whatever the host name resolves to.
+never to whatever the host name resolves to. NCCL's bootstrap sockets go on the interface named
+by ``NCCL_SOCKET_IFNAME``, which every member (the trainer as rank 0 and each worker) sets to the
+loopback interface for a local run as it joins, unless the user set it
+(:func:`~periodic_rl.compat.torch_distributed.nccl_environment`): NCCL's own choice leaves ``lo``
+out.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 from collections.abc import Mapping
@@ -200,6 +205,9 @@ class WeightGroup:
             store = dist.TCPStore(address.host, address.port, None, False, timeout)
         prefixed = dist.PrefixStore(address.prefix, store)
         if address.backend == "nccl":
+            from periodic_rl.compat.torch_distributed import nccl_environment
+
+            os.environ.update(nccl_environment(address.host))  # before NCCL's first use
             backend = _nccl(prefixed, rank, address.world_size, timeout)
         else:
             options = dist.ProcessGroupGloo._Options()

@@ -4,7 +4,9 @@ At the strategy's construction (:func:`check_rollout_options`): the engine is in
 ``engine_kwargs`` are arguments the engine knows, and ``worker_cores`` / ``trainer_cores`` name
 cores this process may run on. At the module's ``setup``, once the prompts are encoded
 (:func:`check_prompts_fit_engine`): the longest prompt plus ``max_new_tokens`` fits the
-engine's ``max_model_len``, and vLLM's KV cache (``kv_cache_gb``) holds one whole group.
+engine's ``max_model_len``, and vLLM's KV cache (``kv_cache_gb``) holds one whole group; with
+the model's config (:func:`check_engine_takes_model`): the CPU build of vLLM supports its
+attention head size.
 
 None of this imports vLLM (that takes 10+ s and sets up process state): whether it is installed
 is asked of the import system, and the arguments it accepts are read from the source of
@@ -19,6 +21,7 @@ import functools
 import importlib.util
 import inspect
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,9 @@ VLLM_DEFAULT_KV_CACHE_GB = 1.0
 #: prefills it G times; smaller blocks let the group share all but the prompt's last partial
 #: block.
 VLLM_CPU_BLOCK_SIZE = 32
+#: The head sizes vLLM 0.32's CPU attention supports (read from the installed vLLM when it can
+#: be: :func:`vllm_cpu_head_sizes`).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1}
 
@@ -199,13 +205,75 @@ def engine_max_model_len(kind: str, kwargs: dict[str, Any], config: Any) -> tupl
     return None
 
 
+def head_dim(config: Any) -> int:
+    """The attention head size: ``config.head_dim``, else ``hidden_size // num_attention_heads``."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def kv_bytes_per_token(config: Any, dtype: str) -> int:
     """KV-cache bytes per token: ``2 (K and V) x layers x kv_heads x head_dim x dtype bytes``."""
     layers = config.num_hidden_layers
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 4)
+    return 2 * layers * kv_heads * head_dim(config) * _DTYPE_BYTES.get(dtype, 4)
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM runs on the CPU, decided as vLLM's own platform detection
+    does (``VLLM_TARGET_DEVICE=cpu``, a ``+cpu`` version, the ``vllm-cpu`` distribution, or
+    macOS), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu" or sys.platform == "darwin":
+        return True
+    try:
+        return "cpu" in version("vllm")
+    except PackageNotFoundError:
+        pass
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+@functools.cache
+def vllm_cpu_head_sizes() -> tuple[int, ...]:
+    """The head sizes vLLM's CPU attention takes (``CPUAttentionBackend.
+    get_supported_head_sizes``), read from the installed vLLM's source; vLLM 0.32's list where
+    that cannot be read."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return VLLM_CPU_HEAD_SIZES
+    try:
+        root = Path(next(iter(spec.submodule_search_locations)))
+        tree = ast.parse((root / "v1" / "attention" / "backends" / "cpu_attn.py").read_text())
+        method = next(
+            n for n in _class(tree, "CPUAttentionBackend").body
+            if isinstance(n, ast.FunctionDef) and n.name == "get_supported_head_sizes"
+        )  # fmt: skip
+        returned = next(n.value for n in ast.walk(method) if isinstance(n, ast.Return))
+        sizes = tuple(int(v) for v in ast.literal_eval(returned))  # type: ignore[arg-type]
+    except (ValueError, OSError, StopIteration, TypeError, SyntaxError):
+        return VLLM_CPU_HEAD_SIZES
+    return sizes or VLLM_CPU_HEAD_SIZES
+
+
+def check_engine_takes_model(kind: str, config: Any, model: str) -> None:
+    """Refuse, at setup, a model the CPU build of vLLM cannot run: one whose attention head
+    size its CPU attention does not support (it would fail inside the worker, at the first
+    forward, with ``Unsupported CPU attention configuration``). CUDA vLLM and the other
+    engines pass."""
+    if kind != "vllm" or not vllm_cpu_build():
+        return
+    size, supported = head_dim(config), vllm_cpu_head_sizes()
+    if size not in supported:
+        raise ValueError(
+            f"{model} has attention heads of size {size} (head_dim), which vLLM's CPU "
+            f"attention does not support (it takes {', '.join(map(str, supported))}). Use the "
+            "transformers engine (engine: hf), which runs any head size, or a model whose "
+            "head size is one of those"
+        )
 
 
 def check_prompts_fit_engine(

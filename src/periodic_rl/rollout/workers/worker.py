@@ -242,17 +242,11 @@ class RolloutWorker:
         from periodic_rl.weight_sync.broadcast import WeightGroup, local_bind_host
 
         self.leave_weight_group()
-        host = local_bind_host(address.host)
+        host = local_bind_host(address.host)  # NCCL's interface: set by WeightGroup.join
         if host is None:
             import ray
 
             host = ray.util.get_node_ip_address()
-        elif address.backend == "nccl":
-            from periodic_rl.compat.torch_distributed import loopback_interface
-
-            interface = loopback_interface()
-            if interface is not None:  # NCCL's bootstrap sockets, before its first use
-                os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
         self._weight_group = WeightGroup.join(address, rank, host)
         return self._weight_group.device_uuid()
 
