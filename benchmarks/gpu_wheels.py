@@ -41,7 +41,7 @@ CARRIED = {
     "jsonargparse": None,
 }
 #: The machine's versions of what transformers needs that cannot travel as pure wheels
-#: (tools' device KINDS.md, "pip list, as a session saw it").
+#: (the lent machine's package list, as a session saw it).
 MACHINE = {"huggingface-hub": "1.33.0", "tokenizers": "0.23.2", "safetensors": "0.8.0"}
 REMOTE_PYTHON = "/opt/torch/.venv/bin/python"
 

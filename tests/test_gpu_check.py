@@ -115,9 +115,9 @@ def test_page_reports_the_run(quick: tuple, tmp_path: Path) -> None:
     source = tmp_path / "gpu_check.json"
     source.write_text(json.dumps(result))
     with pytest.raises(SystemExit):  # a quick run is not the GPU's page by accident
-        gpu_check_report.main([str(source), "--output", str(tmp_path / "page.md")])
-    gpu_check_report.main([str(source), "--output", str(tmp_path / "page.md"), "--allow-quick"])
-    page = (tmp_path / "page.md").read_text()
+        gpu_check_report.main([str(source), "--output", str(tmp_path / "gpu.md")])
+    gpu_check_report.main([str(source), "--output", str(tmp_path / "gpu.md"), "--allow-quick"])
+    page = (tmp_path / "gpu.md").read_text()
     assert "**4 passed, 0 failed, 1 not run.**" in page and "`test`" in page
     for title, _ in gpu_check_report.SECTIONS.values():
         assert f"## {title}" in page

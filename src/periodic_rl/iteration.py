@@ -47,6 +47,8 @@ class IterationStats:
     reward_failures: dict[str, int] | None = None
     micro_batch: dict[int, int] = field(default_factory=dict)  # group index -> micro-batch
     micro_batches: int = 0
+    # group index -> per completion, the trainer's log-prob of each token at the first update
+    trainer_logprobs: dict[int, list[list[float]]] = field(default_factory=dict)
 
     def add_groups(self, groups: list[RolloutGroup]) -> None:
         """Add one micro-batch's groups (called once per micro-batch, in training order)."""
@@ -68,6 +70,17 @@ class IterationStats:
             for name, values in group.reward_components.items():
                 self.components[name].extend(values)
         self.micro_batches += 1
+
+    def add_trainer_logprobs(self, groups: list[RolloutGroup], logps: torch.Tensor) -> None:
+        """Keep the trainer's log-probs of a micro-batch's tokens (``[N, T]``: completion ``i``
+        of the micro-batch, in group order, in row ``i``, its tokens from column 0)."""
+        rows = logps.detach().float().cpu().tolist()
+        for group in groups:
+            lengths = [len(c) for c in group.completion_ids]
+            self.trainer_logprobs[group.index] = [
+                row[:n] for row, n in zip(rows[: len(lengths)], lengths, strict=True)
+            ]
+            rows = rows[len(lengths) :]
 
     def loss_tokens(self, mask_truncated_completions: bool) -> int:
         """Completion tokens in the loss normaliser: without the truncated completions' when

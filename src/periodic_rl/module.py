@@ -397,6 +397,7 @@ class RLModule(L.LightningModule):
                 stats.add_groups(groups)
                 loss, kept = self._backward_micro_batch(groups)
                 stats.add_loss(loss)
+                stats.add_trainer_logprobs(groups, kept.old_logps)  # the rollout record's
                 first_pass.append((groups, kept))
         if request.dynamic is not None:
             stats.dynamic_sampling = request.dynamic.report  # dynamic_sampling/* metrics

@@ -111,6 +111,8 @@ def test_the_record_read_back_is_what_was_trained(recorded, tmp_path):
                 assert row["rank"] == 0 and row["micro_batch"] == micro_batch[group.index]
                 assert row["prompt_ids"] == group.prompt_ids and row["completion_ids"] == ids
                 assert row["behaviour_logprobs"] == pytest.approx(group.logprobs[i], abs=1e-6)
+                # the HF engine samples with the trainer's numerics: the same log-probs
+                assert row["trainer_logprobs"] == pytest.approx(group.logprobs[i], abs=1e-4)
                 assert row["loss_mask"] == [0 if group.truncated[i] else 1] * len(ids)
                 kept += not group.truncated[i]
                 assert row["truncated"] == group.truncated[i]
@@ -136,7 +138,8 @@ def test_each_file_carries_the_digest_of_the_gradient_its_steps_applied(recorded
         (digest,), (grads,) = digests, steps
         assert set(digest) == set(grads) and grads
         for name, grad in grads.items():
-            total, squares = digest[name]
+            total, squares, numel = digest[name]
+            assert numel == grad.numel()
             scale = grad.double().abs().sum().item()  # float32 sums: error ~1e-7 of this
             assert total == pytest.approx(grad.double().sum().item(), abs=1e-6 * scale)
             assert squares == pytest.approx(grad.double().square().sum().item(), rel=1e-5)

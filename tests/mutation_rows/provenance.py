@@ -1,5 +1,5 @@
 """Rows of what a user checks a run with: the engine/trainer mismatch metrics, the rollout
-record."""
+record, the replay of a recorded iteration."""
 
 from __future__ import annotations
 
@@ -61,5 +61,33 @@ ROWS: list[Mutation] = [
         old="        self._digests.append(gradient_digest(pl_module))\n",
         new="        pass\n",
         tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="record: the trainer's log-probs are dropped",
+        file="src/periodic_rl/callbacks/record.py",
+        old='"trainer_logprobs": trainer[i] if trainer else None,',
+        new='"trainer_logprobs": None,',
+        tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="replay: the digest difference is normalised by a huge scale",
+        file="src/periodic_rl/provenance/replay.py",
+        old="            norm = max(math.sqrt(squares), 1e-30)\n",
+        new="            norm = 1e30\n",
+        tests=("tests/provenance/test_replay.py",),
+    ),
+    Mutation(
+        name="replay: the digest tolerance is ignored",
+        file="src/periodic_rl/provenance/replay.py",
+        old="return self.digest_difference <= self.digest_tolerance and not",
+        new="return not",
+        tests=("tests/provenance/test_replay.py",),
+    ),
+    Mutation(
+        name="replay: tokens over the tolerance are not reported",
+        file="src/periodic_rl/provenance/replay.py",
+        old="            if abs(value - behaviour) > token_tolerance:\n",
+        new="            if False:\n",
+        tests=("tests/provenance/test_replay.py",),
     ),
 ]

@@ -27,6 +27,8 @@ Columns (``list<...>`` columns hold one value per completion token):
 ``loss_mask``             ``list<int8>``: 1 where the token counts in the loss
 ``behaviour_logprobs``    ``list<float32>``: the engine's log-prob of each sampled token (null
                           when the engine returned none)
+``trainer_logprobs``      ``list<float32>``: the trainer's log-prob of each token, at the
+                          iteration's first update (the policy the group was sampled from)
 ``truncated``             the completion hit ``max_new_tokens`` without an end token
 ``reward``                the total (weighted) reward
 ``rewards/<name>``        each reward function's value
@@ -78,6 +80,7 @@ _FIXED = [
     ("completion_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
     ("behaviour_logprobs", pa.list_(pa.float32())),
+    ("trainer_logprobs", pa.list_(pa.float32())),
     ("truncated", pa.bool_()),
     ("reward", pa.float64()),
 ]
@@ -115,6 +118,7 @@ def record_rows(
     rows = []
     for group in stats.groups:
         keep = completion_keep([group]) if masked else [True] * len(group.completion_ids)
+        trainer = stats.trainer_logprobs.get(group.index)
         for i, ids in enumerate(group.completion_ids):
             logprobs = group.logprobs[i] if group.logprobs and group.logprobs[i] else None
             rows.append(
@@ -132,6 +136,7 @@ def record_rows(
                     "completion_ids": list(ids),
                     "loss_mask": [int(keep[i])] * len(ids),
                     "behaviour_logprobs": logprobs,
+                    "trainer_logprobs": trainer[i] if trainer else None,
                     "truncated": bool(group.truncated[i]) if group.truncated else False,
                     "reward": group.rewards[i],
                     **{f"rewards/{k}": v[i] for k, v in group.reward_components.items()},
@@ -148,12 +153,13 @@ def record_rows(
 #: The Parquet metadata key of the gradient digest.
 DIGEST_KEY = b"periodic_rl.gradient_digest"
 
-GradientDigest = dict[str, tuple[float, float]]  # parameter name -> (sum, sum of squares)
+#: Per trainable parameter: the sum, the sum of squares and the number of its gradient's values.
+GradientDigest = dict[str, tuple[float, float, int]]
 
 
 def gradient_digest(module: torch.nn.Module) -> GradientDigest:
-    """The sum and sum of squares of every trainable parameter's gradient on this rank (its
-    local shard under FSDP); parameters without a gradient are left out."""
+    """The sum, sum of squares and size of every trainable parameter's gradient on this rank
+    (its local shard under FSDP); parameters without a gradient are left out."""
     digest: GradientDigest = {}
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -165,7 +171,7 @@ def gradient_digest(module: torch.nn.Module) -> GradientDigest:
     return digest
 
 
-def _sums(flat: torch.Tensor, row: int = 4096) -> tuple[float, float]:
+def _sums(flat: torch.Tensor, row: int = 4096) -> tuple[float, float, int]:
     """Sum and sum of squares of ``flat``: over rows of ``row`` values in its own dtype (as
     fast as the dtype allows), the rows' results added in float64 (so the error stays that of
     a short sum)."""
@@ -173,14 +179,14 @@ def _sums(flat: torch.Tensor, row: int = 4096) -> tuple[float, float]:
     rows, rest = flat[:cut].view(-1, row), flat[cut:].double()
     total = rows.sum(dim=1).double().sum() + rest.sum()
     norms = torch.linalg.vector_norm(rows, dim=1).double()
-    return float(total), float(norms.square().sum() + rest.square().sum())
+    return float(total), float(norms.square().sum() + rest.square().sum()), flat.numel()
 
 
 def read_gradient_digest(path: str | Path) -> list[GradientDigest]:
     """The gradient digest of each optimizer step recorded in one record file."""
     metadata = pq.read_schema(path).metadata or {}
     steps = json.loads(metadata.get(DIGEST_KEY, b"[]"))
-    return [{name: (s, q) for name, (s, q) in step.items()} for step in steps]
+    return [{name: (s, q, int(n)) for name, (s, q, n) in step.items()} for step in steps]
 
 
 def write_record(
