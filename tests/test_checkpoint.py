@@ -35,8 +35,33 @@ class StopAt(L.Callback):
             trainer.should_stop = True
 
 
+class GeneratedAhead(L.Callback):
+    """Before the checkpoint of ``step`` is written: records through which iteration the
+    rollouts were submitted (``through``) and waits until those ahead of the trainer were
+    generated, so that the checkpoint is certainly taken with iterations generated ahead."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.through: int | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:  # runs before ModelCheckpoint's save (its last)
+            pipeline = trainer.strategy.rollouts.pipeline
+            self.through = pipeline.submitted_through
+            for iteration in range(self.step, self.through + 1):
+                pipeline.wait_generated(iteration)
+
+
 def _fit(
-    model_path, root, steps, lora=None, ckpt_path=None, stop_at=None, staleness=0, **module_kwargs
+    model_path,
+    root,
+    steps,
+    lora=None,
+    ckpt_path=None,
+    stop_at=None,
+    staleness=0,
+    callbacks=(),
+    **module_kwargs,
 ):
     L.seed_everything(0, verbose=False)
     kwargs = dict(
@@ -58,7 +83,7 @@ def _fit(
         max_steps=steps,
         default_root_dir=root,
         logger=False,
-        callbacks=[checkpoint, stop],
+        callbacks=[checkpoint, stop, *callbacks],
         enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -97,6 +122,24 @@ def test_bounded_staleness_resumes_its_schedule_exactly(tiny_llama_path, tmp_pat
     resumed, trainer = _fit(
         tiny_llama_path, tmp_path / "b", 4, lora, ckpt_path=str(last), staleness=1
     )
+    assert trainer.strategy.policy_version == 4
+    assert max_diff(straight, resumed) == 0.0
+
+
+def test_bounded_staleness_resumes_what_was_generated_ahead(tiny_llama_path, tmp_path):
+    """k = 2, interrupted after 2 of 4 iterations: iterations 2 and 3 had been generated ahead
+    (by versions 0 and 1) when the checkpoint was written. Their rollouts are not in it, the
+    weights that generated them are: the resumed run generates them again with those weights,
+    each once, and ends where the uninterrupted run does."""
+    straight, _ = _fit(tiny_llama_path, tmp_path / "a", 4, staleness=2)
+    ahead = GeneratedAhead(2)
+    _fit(tiny_llama_path, tmp_path / "b", 4, stop_at=2, staleness=2, callbacks=[ahead])
+    assert ahead.through == 3  # both later iterations were generated before the checkpoint
+    last = tmp_path / "b" / "ckpt" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)["periodic_rl"]["ahead"]
+    # checked before the resume: without these weights it would wait for them forever
+    assert saved["schedule_start"] == 0 and sorted(saved["snapshots"]) == [0, 1]
+    resumed, trainer = _fit(tiny_llama_path, tmp_path / "b", 4, ckpt_path=str(last), staleness=2)
     assert trainer.strategy.policy_version == 4
     assert max_diff(straight, resumed) == 0.0
 

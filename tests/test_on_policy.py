@@ -1,8 +1,12 @@
-"""check_on_policy: the version window and the confirmed fingerprint of each group's version."""
+"""check_on_policy: the version window and the confirmed fingerprint of each group's version;
+through RLModule, every micro-batch of an iteration is checked."""
+
+from dataclasses import replace
 
 import pytest
+from rl_helpers import RecordingModule, train
 
-from periodic_rl import StaleRolloutError
+from periodic_rl import PeriodicAsyncStrategy, StaleRolloutError
 from periodic_rl.on_policy import check_on_policy
 from periodic_rl.rollout.types import RolloutGroup
 
@@ -31,3 +35,47 @@ def test_bounded_staleness_accepts_k_versions_back_with_their_own_fingerprints()
         check_on_policy([group(4, "fp5")], 5, CONFIRMED.get, max_staleness=1)  # other weights
     with pytest.raises(StaleRolloutError):
         check_on_policy([group(6, "fp6")], 5, CONFIRMED.get, max_staleness=2)  # from the future
+
+
+# ---- through RLModule: every micro-batch is checked, not only the first ------------------------
+class _LaterMicroBatchFromOtherWeights(PeriodicAsyncStrategy):
+    """Stamps the first group of the iteration's second micro-batch with weights the engines
+    never confirmed (as a push that silently failed mid-iteration would)."""
+
+    def rollout_micro_batches(self, request, micro_batch_size, ahead=()):
+        inner = super().rollout_micro_batches(request, micro_batch_size, ahead)
+        try:
+            for n, groups in enumerate(inner):
+                if n == 1:
+                    groups = [replace(groups[0], fingerprint="other-weights"), *groups[1:]]
+                yield groups
+        finally:
+            inner.close()
+
+
+class _RecordsBackwards(RecordingModule):
+    """Appends the group indices of each back-propagated micro-batch to ``trained`` (a list
+    the test owns: the module is built inside ``train``)."""
+
+    trained: list[list[int]] = []
+
+    def _backward_micro_batch(self, groups, first=None):
+        self.trained.append([g.index for g in groups])
+        return super()._backward_micro_batch(groups, first)
+
+
+def test_a_bad_group_in_a_later_micro_batch_is_refused(tiny_llama_path):
+    """Two micro-batches of one group each: the first trains, the second carries a group of
+    unconfirmed weights and stops the iteration before its backward."""
+    module_cls = type("Records", (_RecordsBackwards,), {"trained": []})
+    with pytest.raises(StaleRolloutError, match="fingerprint other-weigh.*refusing") as caught:
+        train(
+            tiny_llama_path,
+            steps=1,
+            batch_size=2,
+            micro_batch_size=4,  # one group of 4 per micro-batch
+            module_cls=module_cls,
+            strategy_cls=_LaterMicroBatchFromOtherWeights,
+        )
+    assert "policy is version 0" in str(caught.value)
+    assert len(module_cls.trained) == 1  # the first micro-batch trained, the second was refused

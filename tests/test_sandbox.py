@@ -66,7 +66,7 @@ def test_cpu_loop_is_killed_at_the_cpu_limit(mode):
 
 
 def test_sleeping_code_is_killed_at_the_wall_limit(mode):
-    result = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout_s=1)
+    result = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout_s=3)
     assert result.killed_by == "wall" and result.timed_out and result.returncode is None
     assert result.stdout == "started\n"
 
@@ -74,8 +74,9 @@ def test_sleeping_code_is_killed_at_the_wall_limit(mode):
 def test_unbounded_allocation_is_a_memory_error_and_the_parent_is_unaffected(mode):
     limit_before = resource.getrlimit(resource.RLIMIT_AS)
     code = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))"
-    result = run_python(code, memory_mb=256, timeout_s=30)
+    result = run_python(code + "\nprint('unreached')", memory_mb=256, timeout_s=30)
     assert result.killed_by == "memory" and "MemoryError" in result.stderr
+    assert result.returncode == 1 and result.stdout == ""
     assert resource.getrlimit(resource.RLIMIT_AS) == limit_before
     assert len(bytearray(300 * 2**20)) == 300 * 2**20  # the parent still allocates past it
 
@@ -100,12 +101,128 @@ def test_forked_children_and_daemons_do_not_survive_the_run(monkeypatch):
         assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_the_fallback_refuses_to_start_processes(monkeypatch):
+def test_the_fallback_refuses_processes_and_ctypes(monkeypatch):
     monkeypatch.setattr(sandbox, "_USE_NAMESPACES", False)
-    for code in ("import os\nos.fork()", "import subprocess", "import os\nos.system('true')"):
+    for code in (
+        "import os\nos.fork()",
+        "import subprocess",
+        "import os\nos.system('true')",
+        "import ctypes\nprint(ctypes.CDLL(None).getpid())",
+    ):
         result = run_python(code)
         assert result.returncode == 1 and "PermissionError: sandbox:" in result.stderr, code
-        assert not result.network_isolated
+        assert not result.network_isolated and result.stdout == ""
+
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0 without Landlock): scoped signals need 6."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return max(0, libc.syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1)))
+
+
+# Run in the code under test: each attempt prints its name and which layer stopped it.
+_ATTEMPT = (
+    "try:\n    {call}\n    print('{name} done')\n"
+    "except AttributeError:\n    print('{name} absent')\n"
+    "except PermissionError as e:\n"
+    "    print('{name}', 'hook' if str(e).startswith('sandbox:') else 'kernel', e)\n"
+)
+
+
+def _run_attempts(attempts: dict[str, str], victim: subprocess.Popen) -> dict[str, str]:
+    code = "import importlib.util, os, resource, signal, threading\n" + "".join(
+        _ATTEMPT.format(name=name, call=call) for name, call in attempts.items()
+    )
+    try:
+        result = run_python(code)
+        assert victim.poll() is None, "the code under test killed another process"
+    finally:
+        victim.kill()
+        victim.wait()
+    return dict(line.split(" ", 2)[:2] for line in result.stdout.splitlines())
+
+
+def test_the_fallback_hook_refuses_signals_to_other_processes(monkeypatch):
+    """The audit hook refuses each signalling call before it reaches the kernel, and the
+    unaudited pidfd functions are gone; signalling itself stays allowed."""
+    monkeypatch.setattr(sandbox, "_USE_NAMESPACES", False)
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    attempts = {
+        "kill": f"os.kill({victim.pid}, signal.SIGKILL)",
+        "killpg": f"os.killpg({victim.pid}, signal.SIGKILL)",
+        "pidfd_open": f"os.pidfd_open({victim.pid})",
+        "pidfd_send": "signal.pidfd_send_signal(0, signal.SIGKILL)",
+        "thread": "signal.pthread_kill(threading.get_ident(), signal.SIGKILL)",
+        "prlimit": f"resource.prlimit({victim.pid}, resource.RLIMIT_NOFILE, (3, 3))",
+        "self": "os.kill(os.getpid(), 0)",
+    }
+    outcomes = _run_attempts(attempts, victim)
+    assert outcomes == {
+        **dict.fromkeys(attempts, "hook"),
+        "pidfd_open": "absent",
+        "pidfd_send": "absent",
+        "self": "done",
+    }
+
+
+@pytest.mark.skipif(_landlock_abi() < 6, reason="scoped signals need Landlock ABI 6 (Linux 6.12)")
+def test_the_fallback_is_confined_by_the_kernel_where_the_hook_cannot_see(monkeypatch):
+    """What the audit hook cannot see, Landlock refuses: a fresh copy of a builtin module has
+    the pidfd functions back, and opening another process's memory is not a signal at all."""
+    monkeypatch.setattr(sandbox, "_USE_NAMESPACES", False)
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    fresh = "importlib.util.module_from_spec(importlib.util.find_spec('{}'))"
+    attempts = {
+        "procfd": f"{fresh.format('_signal')}.pidfd_send_signal("
+        f"os.open('/proc/{victim.pid}', os.O_RDONLY), signal.SIGKILL)",
+        "pidfd": f"{fresh.format('_signal')}.pidfd_send_signal("
+        f"{fresh.format('posix')}.pidfd_open({victim.pid}), signal.SIGKILL)",
+        "memory": "os.close(os.open(f'/proc/{os.getppid()}/mem', os.O_RDWR))",
+    }
+    assert _run_attempts(attempts, victim) == dict.fromkeys(attempts, "kernel")
+
+
+def test_the_code_cannot_reach_or_forge_the_status_channel(monkeypatch):
+    """In the fallback the code's process holds no handle on the channel and cannot reopen the
+    parent's end; a forged report (isolated, memory) on any descriptor it has changes nothing."""
+    monkeypatch.setattr(sandbox, "_USE_NAMESPACES", False)
+    forged = b'{"isolated": true}\n{"returncode": 121}\n{"memory": true}\n'
+    code = (
+        "import os\nwritten = reopened = 0\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+        f"    if fd > 2:\n        try:\n            written += os.write(fd, {forged!r}) > 0\n"
+        "        except OSError:\n            pass\n"
+        "parent = f'/proc/{os.getppid()}/fd'\n"
+        "try:\n    names = os.listdir(parent)\nexcept OSError:\n    names = []\n"
+        "for name in names:\n"
+        "    try:\n        os.close(os.open(f'{parent}/{name}', os.O_WRONLY))\n"
+        "        reopened += 1\n    except OSError:\n        pass\n"
+        "print(written, reopened)\n"
+    )
+    result = run_python(code)
+    assert result.stdout == "0 0\n", result.stderr
+    assert (result.returncode, result.killed_by, result.network_isolated) == (0, None, False)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"isolated": false}\n{"isolated": true}\n',  # the fallback never writes twice
+        b'{"isolated": false}\n{"returncode": 0}\n',
+        b'{"isolated": true}\n{"returncode": 0}\n{"returncode": 121}\n',
+        b'{"isolated": true, "memory": true}\n',
+    ],
+)
+def test_a_status_no_trusted_process_writes_is_a_breach(data):
+    channel, writer = socket.socketpair()
+    with channel, writer:
+        writer.sendall(data)
+        writer.close()
+        with pytest.raises(sandbox.SandboxBreach, match="status channel carried"):
+            sandbox._read_status(channel)
 
 
 def test_the_number_of_processes_is_bounded(monkeypatch):

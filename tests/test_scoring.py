@@ -6,6 +6,7 @@ calls (:mod:`periodic_rl.rewards`, :class:`~periodic_rl.scoring.Scorer`)."""
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def string_at_0(prompts, completions, **columns):
 
 def raises(prompts, completions, **columns):
     return [float(int(c)) for c in completions]  # ValueError on "four"
+
+
+def hangs(prompts, completions, **columns):
+    """Far longer than the tests' timeouts (module-level: it runs in the reward pool)."""
+    time.sleep(20)
+    return [1.0] * len(completions)
 
 
 def scorer(*funcs, on_error="raise", timeout=None, weights=None):
@@ -325,6 +332,32 @@ def test_good_reward_settings_are_accepted(tiny_llama_path):
     RLModule(model=tiny_llama_path, reward_timeout_s=2)
     with pytest.raises(ValueError, match="reward_on_error"):
         scorer(ok, on_error="ignore")
+
+
+# ---- the module's settings reach its scorer ----------------------------------------------------
+@pytest.mark.parametrize("on_error", ["zero", "raise"])
+def test_the_module_cuts_a_hanging_reward_off_at_its_timeout(tiny_llama_path, on_error):
+    """``RLModule(reward_timeout_s=..., reward_on_error=...)``: the scorer its set-up builds
+    stops a reward call that hangs at the module's timeout (its pool worker killed), and
+    handles it as the module's ``reward_on_error`` says."""
+    module = RLModule(
+        model=tiny_llama_path,
+        reward_funcs=[ok, hangs],
+        reward_timeout_s=0.5,
+        reward_on_error=on_error,
+    )
+    module.setup("fit")
+    try:
+        if on_error == "raise":
+            with pytest.raises(RewardTimeoutError, match="hangs' did not return within .*=0.5 s"):
+                module.scorer.rewards(PROMPTS, COMPLETIONS, {})
+        else:
+            with pytest.warns(RuntimeWarning, match="=0.5 s .* worker process killed"):
+                totals, components = module.scorer.rewards(PROMPTS, COMPLETIONS, {})
+            assert components == {"ok": [1.0] * 4, "hangs": [0.0] * 4} and totals == [1.0] * 4
+            assert module.scorer.take_failures() == {"ok": 0, "hangs": 1}
+    finally:
+        module.teardown("fit")
 
 
 # ---- a training run ------------------------------------------------------------------------------

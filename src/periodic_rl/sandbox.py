@@ -16,15 +16,29 @@ stdin from a file or ``/dev/null``, and stdout/stderr captured to files of which
   host's 127.0.0.1. In the PID namespace the bootstrap is process 1 and the code process 2; when
   process 1 exits (the code ended, or the parent killed it), the kernel kills every process left
   in the namespace, daemonized or not, so forked children cannot outlive the run.
-* otherwise a *fallback*, ``network_isolated=False``: a ``sys.addaudithook`` hook refuses socket
-  creation/connect/bind/DNS, process creation (``os.fork``/``exec*``/``system``/``posix_spawn``,
-  ``subprocess``) and ``ctypes``. It only covers what the Python interpreter audits: a C
-  extension or an interpreter bug could escape it. It is a guard against accidents and ordinary
-  model outputs, not against an adversary; run such code in a container or VM.
+* otherwise a *fallback*, ``network_isolated=False``, in an interpreter that never imported
+  ``ctypes``: a ``sys.addaudithook`` hook refuses socket creation/connect/bind/DNS, process
+  creation (``os.fork``/``exec*``/``system``/``posix_spawn``, ``subprocess``), signals to any
+  other process (``os.kill``, ``os.killpg``, ``signal.pthread_kill``; the unaudited
+  ``os.pidfd_open`` and ``signal.pidfd_send_signal`` are removed), changing limits
+  (``resource.setrlimit``/``prlimit``: root could raise its own) and ``ctypes``. It only covers
+  what the Python interpreter audits (a fresh copy of a builtin module brings the pidfd functions
+  back), so where the kernel has Landlock ABI 6 (Linux >= 6.12) the code also runs in a Landlock
+  domain: no signal, ``ptrace`` (``/proc/<pid>/mem``, ``pidfd_getfd``) or abstract Unix socket
+  reaches a process outside the sandbox, however it is called. Without Landlock it is a guard
+  against accidents and ordinary model outputs, not against an adversary; with it, the file
+  system is still the user's. Run such code in a container or VM.
 * process count: in a user namespace ``RLIMIT_NPROC`` counts the namespace's processes only (on
   kernels >= 5.14), but it never applies to root; when the parent runs as root and may create a
   cgroup (v1 ``pids`` hierarchy or v2), the run gets one with ``pids.max``. Without either, a fork
   bomb is still bounded in time (wall kill, PID namespace) but not in count.
+
+What the result says comes from the parent's own observation or from trusted code, never from
+the code under test: ``wait4`` on the child gives the CPU time and, in the fallback, the exit
+status; the bootstrap reports ``isolated`` before any untrusted code runs, and with namespaces
+the PID namespace's supervisor reports the code's exit status. They write to a Unix socket
+(unlike a pipe, it cannot be reopened through ``/proc/<pid>/fd``) that the code's process closes
+before it runs the code; anything on it beyond that protocol raises :class:`SandboxBreach`.
 
 The child always runs in its own session (``start_new_session``); at the limit or on exit the
 parent kills that process group and every descendant psutil finds. The code runs as the caller's
@@ -36,9 +50,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,10 +65,15 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["SandboxResult", "run_python", "run_tests"]
+__all__ = ["SandboxBreach", "SandboxResult", "run_python", "run_tests"]
 
 _USE_NAMESPACES = True  # tests set this False to exercise the audit-hook fallback
 _CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
+_MEMORY_EXIT = 121  # the bootstrap's exit status for an uncaught MemoryError
+_PROTOCOL = re.compile(  # the whole status channel, as the trusted writers send it
+    rb'(?:\{"isolated": false\}\n'
+    rb'|\{"isolated": (?P<isolated>true)\}\n(?:\{"returncode": (?P<returncode>-?\d+)\}\n)?)?'
+)
 
 _CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
 
@@ -75,6 +96,18 @@ out.write("TOKEN %d\n" % passed)
 """
 
 
+class SandboxBreach(RuntimeError):
+    """The status channel carried what no trusted process wrote: the code got out of its limits."""
+
+
+@dataclass(frozen=True)
+class _Status:
+    """What trusted processes reported: ``isolated``, and the supervisor's ``returncode``."""
+
+    isolated: bool
+    returncode: int | None
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     """How a :func:`run_python` run ended.
@@ -82,7 +115,9 @@ class SandboxResult:
     ``returncode`` is the code's exit status, ``-N`` when signal N killed it, ``None`` when the
     wall limit did. ``killed_by`` is ``"wall"``, ``"cpu"`` (RLIMIT_CPU), ``"memory"`` (an
     uncaught ``MemoryError``) or ``None``. ``truncated``: stdout or stderr was longer than
-    ``max_output_bytes`` and was cut.
+    ``max_output_bytes`` and was cut. An uncaught ``MemoryError`` reads as ``returncode=1``
+    (the bootstrap ends such a run with exit status 121: code that exits with 121 itself, like
+    code that raises ``MemoryError`` itself, reads as ``killed_by="memory"`` too).
     """
 
     returncode: int | None
@@ -110,7 +145,7 @@ def run_python(
     """Run ``code`` as ``main.py`` in a fresh directory with ``files`` beside it, under limits."""
     root = Path(tempfile.mkdtemp(prefix="periodic_rl_sandbox_"))
     cgroup = _make_cgroup(root.name, max_processes) if os.geteuid() == 0 else None
-    read_fd, write_fd = os.pipe()
+    channel, child_end = socket.socketpair()
     try:
         work = root / "work"
         work.mkdir()
@@ -122,7 +157,9 @@ def run_python(
             path.write_text(text, encoding="utf-8")
         (root / "stdin").write_text(stdin or "", encoding="utf-8")
         config = {
-            "status_fd": write_fd,
+            "status_fd": child_end.fileno(),
+            "stage": "start",
+            "memory_exit": _MEMORY_EXIT,
             "cgroup": cgroup,
             "namespaces": _USE_NAMESPACES,
             "cpu_s": int(cpu_s),
@@ -144,31 +181,30 @@ def run_python(
                 stdin=fin,
                 stdout=fout,
                 stderr=ferr,
-                pass_fds=(write_fd,),
+                pass_fds=(child_end.fileno(),),
                 start_new_session=True,
             )
-        os.close(write_fd)
-        write_fd = -1
+        child_end.close()
         timed_out = not _wait_unreaped(proc.pid, start + timeout_s)
-        _kill_tree(proc)
+        exit_code, cpu_used = _kill_tree(proc)
         duration = time.monotonic() - start
-        status = _read_status(read_fd)
+        status = _read_status(channel)
         stdout, cut_out = _read_capped(root / "stdout", max_output_bytes)
         stderr, cut_err = _read_capped(root / "stderr", max_output_bytes)
     finally:
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
+        channel.close()
+        child_end.close()
         if cgroup:
             _remove_cgroup(cgroup)
         shutil.rmtree(root, ignore_errors=True)
-    returncode = None if timed_out else status.get("returncode")
+    returncode = status.returncode if status.isolated else exit_code
     killed_by = None
     if timed_out:
-        killed_by = "wall"
-    elif status.get("memory"):
-        killed_by = "memory"
-    elif returncode in (-signal.SIGXCPU, -signal.SIGKILL) and status.get("cpu_s", 0) >= cpu_s - 0.1:
+        returncode, killed_by = None, "wall"
+    elif returncode == _MEMORY_EXIT:
+        returncode, killed_by = 1, "memory"
+    elif returncode in (-signal.SIGXCPU, -signal.SIGKILL) and cpu_used >= cpu_s / 2:
+        # rusage can read well under the clock RLIMIT_CPU uses (loaded VMs): half is margin enough
         killed_by = "cpu"
     return SandboxResult(
         returncode=returncode,
@@ -176,7 +212,7 @@ def run_python(
         stderr=stderr,
         timed_out=timed_out,
         killed_by=killed_by,
-        network_isolated=bool(status.get("isolated")),
+        network_isolated=status.isolated,
         duration_s=duration,
         truncated=cut_out or cut_err,
     )
@@ -211,8 +247,12 @@ def _wait_unreaped(pid: int, deadline: float) -> bool:
     return False
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group and every descendant still attached to it; reap it."""
+def _kill_tree(proc: subprocess.Popen) -> tuple[int, float]:
+    """SIGKILL the child's process group and every descendant still attached to it; reap it.
+
+    Returns the child's exit code (``-N`` for signal N) and the CPU seconds it and the
+    descendants it waited for used.
+    """
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
@@ -222,21 +262,37 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     for child in descendants:
         with contextlib.suppress(psutil.Error):
             child.kill()  # psutil checks the process is the one it saw (no pid reuse)
-    proc.wait()
+    _, wait_status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped here, not by Popen
     psutil.wait_procs(descendants, timeout=5)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
-def _read_status(fd: int) -> dict:
-    os.set_blocking(fd, False)  # a writer that escaped the kill must not block the parent
+def _read_status(channel: socket.socket) -> _Status:
+    """Parse the status channel, which carries exactly what the trusted writers send, or nothing.
+
+    ``{"isolated": ...}`` from the bootstrap, then with namespaces the supervisor's
+    ``{"returncode": N}`` (absent when the run was killed first). Nothing at all: the bootstrap
+    died before its first report, so nothing ran isolated.
+    """
+    channel.setblocking(False)  # a writer that escaped the kill must not block the parent
     chunks = []
     with contextlib.suppress(BlockingIOError):
-        while chunk := os.read(fd, 65536):
+        while chunk := channel.recv(65536):
             chunks.append(chunk)
-    status: dict = {}
-    for line in b"".join(chunks).decode(errors="replace").splitlines():
-        with contextlib.suppress(ValueError, TypeError):
-            status.update(json.loads(line))
-    return status
+    data = b"".join(chunks)
+    match = _PROTOCOL.fullmatch(data)
+    if match is None:
+        raise SandboxBreach(
+            f"sandbox: the status channel carried {data[:200]!r}, which no trusted process "
+            "writes: the code under test reached it. Do not trust this run; run such code in a "
+            "container or VM"
+        )
+    returncode = match["returncode"]
+    return _Status(
+        isolated=match["isolated"] is not None,
+        returncode=None if returncode is None else int(returncode),
+    )
 
 
 def _read_capped(path: Path, limit: int) -> tuple[str, bool]:

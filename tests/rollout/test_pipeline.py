@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
+from periodic_rl.rollout.controller import RolloutController
+from periodic_rl.rollout.options import RolloutOptions
 from periodic_rl.rollout.pipeline import (
     RolloutPipeline,
     RolloutRequest,
@@ -222,3 +225,23 @@ def test_iterations_are_submitted_in_order():
             pipeline.submit(request(1))
     finally:
         pipeline.close()
+
+
+def test_an_iteration_generated_ahead_must_be_the_batch_the_trainer_got():
+    """k = 1: iteration 1 is generated ahead from the prompts the loader said it would yield.
+    When the trainer then gets another batch for it, the controller refuses to train the
+    rollouts of other prompts; the batch they were generated from is trained."""
+    controller = RolloutController(RolloutOptions(use_ray=False, overlap=False, max_staleness=1))
+    controller.backend = RecordingBackend()
+    ahead = request(1)
+    other = replace(ahead, jobs=[replace(job, prompt_ids=[2]) for job in ahead.jobs])
+    try:
+        first = [g.index for b in controller.micro_batches(request(0), 2, [ahead]) for g in b]
+        assert sorted(first) == [0, 1]
+        with pytest.raises(RuntimeError, match="iteration 1 was generated ahead from other"):
+            next(controller.micro_batches(other, 2))
+        groups = [g for b in controller.micro_batches(ahead, 2) for g in b]
+        assert sorted(g.completion_ids[0][0] for g in groups) == [100, 101]  # their seeds
+        assert {g.version for g in groups} == {0}  # generated ahead, by the older version
+    finally:
+        controller.close_pipeline()

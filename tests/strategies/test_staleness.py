@@ -15,6 +15,8 @@ import torch
 from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule
+from periodic_rl.algorithms.losses import truncated_is_weights
+from periodic_rl.algorithms.mismatch import importance_cap
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False}
 
@@ -71,6 +73,20 @@ def test_k1_overlapped_equals_synchronous_on_the_fixed_schedule(tiny_llama_path,
     on_policy = train(tiny_llama_path, **kwargs)
     assert max_diff(sync[0], on_policy[0]) > 1e-4
     assert {v for v, _ in on_policy[1].records[2].stamps} == {2}
+
+
+def test_stale_rollouts_are_corrected_with_cap_2_unless_tis_cap_says_otherwise():
+    """The correction of stale rollouts is on for any ``k >= 1``, truncated at 2 by default
+    (the cap TRL and verl use): a token the trainer finds 5 times likelier than the engine did
+    weighs 2, one it finds half as likely weighs 0.5 (untouched)."""
+    assert importance_cap(None, 0) is None  # on-policy, no tis_cap: no correction at all
+    assert importance_cap(None, 1) == importance_cap(None, 2) == 2.0
+    assert importance_cap(5.0, 1) == 5.0  # a tis_cap of the user's is kept
+    behaviour = torch.log(torch.tensor([[0.1, 0.4, 0.2]]))
+    trainer = behaviour + torch.log(torch.tensor([[5.0, 0.5, 1.0]]))
+    mask = torch.tensor([[1, 1, 0]])
+    weights = truncated_is_weights(trainer, behaviour, mask, importance_cap(None, 1))
+    assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 0.0]]))
 
 
 def _completion_logps(model, prompt_ids, completion_ids, temperature):
