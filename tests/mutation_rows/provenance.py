@@ -90,4 +90,18 @@ ROWS: list[Mutation] = [
         new="            if False:\n",
         tests=("tests/provenance/test_replay.py",),
     ),
+    Mutation(
+        name="verify: the parameter tolerance is ignored",
+        file="src/periodic_rl/provenance/verify.py",
+        old="        return not self.differing_groups and self.max_difference <= self.tolerance\n",
+        new="        return not self.differing_groups\n",
+        tests=("tests/provenance/test_verify.py",),
+    ),
+    Mutation(
+        name="verify: a group trained in one run only is not a difference",
+        file="src/periodic_rl/provenance/verify.py",
+        old='verdict.differing_groups.append((i, index, "trained in one run only"))',
+        new="pass",
+        tests=("tests/provenance/test_verify.py",),
+    ),
 ]

@@ -12,10 +12,12 @@ import lightning as L
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from rl_helpers import length_reward
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl.cli import main
 from periodic_rl.provenance import replay
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -115,3 +117,30 @@ def test_a_missing_record_or_checkpoint_is_named(run, tiny_llama_path, tmp_path)
         replay(module, data, root / "rollouts", 7, checkpoint(root, 1))
     with pytest.raises(ValueError, match="needs the checkpoint taken before it"):
         replay(module, data, root / "rollouts", 1)
+
+
+def test_the_command_replays_from_the_run_configuration(run, tiny_llama_path, tmp_path, capsys):
+    """``periodic-rl replay`` builds the module and data from the run's configuration."""
+    root, lora = run
+    config = {
+        "seed_everything": 0,
+        "trainer": {"strategy": {"class_path": "periodic_rl.PeriodicAsyncStrategy",
+                                 "init_args": {"engine": "hf", "use_ray": False,
+                                               "overlap": False}}},
+        "model": {"class_path": "periodic_rl.RLModule", "init_args": {
+            "model": tiny_llama_path, "lora": lora, "num_generations": 4, "micro_batch_size": 4,
+            "max_new_tokens": 6, "learning_rate": 1e-2, "reward_funcs":
+            ["rl_helpers.length_reward"], "shared_prompt": False, "temperature": 0.7,
+            "record_rollouts": True}},
+        "data": {"class_path": "periodic_rl.PromptDataModule",
+                 "init_args": {"batch_size": 2, "num_train": 16, "num_val": 0}},
+    }  # fmt: skip
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    last = ITERATIONS - 1
+    args = ["replay", "--config", str(path), "--record", str(root / "rollouts")]
+    main([*args, "--iteration", str(last), "--checkpoint", str(checkpoint(root, last))])
+    assert f"iteration {last}: update reproduced" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--iteration", "9"])
+    assert exit_.value.code == 2

@@ -1,0 +1,103 @@
+"""verify: a configuration trained as configured (overlapped, Ray workers) and in the reference
+mode (synchronous, one worker) agrees; with overlap broken on purpose (a strategy that loses a
+group when it overlaps) ``periodic-rl verify`` exits 1 naming the group."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from periodic_rl import PeriodicAsyncStrategy
+from periodic_rl.cli import main
+from periodic_rl.provenance import verify
+from periodic_rl.provenance.verify import RunResult, compare
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+
+class LosesAGroupWhenOverlapped(PeriodicAsyncStrategy):
+    """Overlap broken on purpose: overlapped, iteration 1 trains without its group 1."""
+
+    def rollout_micro_batches(self, request, micro_batch_size, ahead=()):
+        batches = super().rollout_micro_batches(request, micro_batch_size, ahead)
+        if not self.rollouts.options.overlap or self.policy_version != 1:
+            return batches
+
+        def without_group_1():
+            for groups in batches:
+                kept = [g for g in groups if g.index != 1]
+                if kept:
+                    yield kept
+
+        return without_group_1()
+
+
+def config(model_path: str, strategy: str = "periodic_rl.PeriodicAsyncStrategy") -> dict:
+    return {
+        "seed_everything": 0,
+        "trainer": {
+            "max_steps": 30,  # verify trains its own number of iterations
+            "strategy": {
+                "class_path": strategy,
+                "init_args": {"engine": "hf", "num_workers": 1, "overlap": True},
+            },
+        },
+        "model": {
+            "class_path": "periodic_rl.RLModule",
+            "init_args": {
+                "model": model_path,
+                "num_generations": 4,
+                "micro_batch_size": 4,
+                "max_new_tokens": 6,
+                "learning_rate": 1e-2,
+                "temperature": 0.7,
+                "reward_funcs": ["rl_helpers.length_reward"],
+                "shared_prompt": False,
+            },
+        },
+        "data": {
+            "class_path": "periodic_rl.PromptDataModule",
+            "init_args": {"batch_size": 2, "num_train": 16, "num_val": 4},
+        },
+    }
+
+
+def test_overlapped_agrees_with_the_reference(tiny_llama_path):
+    verdict = verify(config(tiny_llama_path), iterations=2)
+    assert verdict.agree, verdict.table()
+    assert verdict.configured.startswith("overlap=True") and "overlap=False" in verdict.reference
+    assert verdict.versions == [[0], [1]]
+    assert verdict.max_difference <= 1e-5
+    assert "verdict: AGREE" in verdict.table()
+
+
+def test_broken_overlap_exits_1_naming_the_group(tiny_llama_path, tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    broken = config(tiny_llama_path, f"{__name__}.LosesAGroupWhenOverlapped")
+    path.write_text(yaml.safe_dump(broken))
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "--config", str(path), "--iterations", "2"])
+    assert exit_.value.code == 1
+    out = capsys.readouterr().out
+    assert "iteration 1 group 1: trained in one run only" in out
+    assert "verdict: DIFFER" in out
+
+
+def test_a_bad_configuration_is_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"strategy": "periodic_async"}}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "--config", str(path)])
+    assert exit_.value.code == 2
+
+
+def test_parameters_beyond_the_tolerance_disagree_with_the_same_groups():
+    """The same groups, parameters 1e-3 apart: the verdict is the tolerance's."""
+    import torch
+
+    groups = [{0: (((1, 2),), 0, "f0")}, {0: (((3,),), 1, "f1")}]
+    a = RunResult("a", {"w": torch.zeros(4)}, groups, [0.0, 0.0])
+    b = RunResult("b", {"w": torch.full((4,), 1e-3)}, groups, [0.0, 0.0])
+    assert not compare(a, b, tolerance=1e-5).agree
+    assert compare(a, b, tolerance=1e-2).agree
+    assert compare(a, b, tolerance=1e-5).max_difference == pytest.approx(1e-3)
