@@ -131,6 +131,7 @@ LONGEST_FIRST = (
     "test_trainer_kill.py",
     "strategies/test_auto_split.py",
     "test_soak.py",
+    "provenance/test_verify.py",
     "rollout/test_faults.py",
     "strategies/test_periodic_async.py",
     "rollout/test_vllm_reload.py",

@@ -3,6 +3,7 @@ which builds a configuration's classes without running them (``periodic-rl verif
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from jsonargparse import lazy_instance
@@ -65,15 +66,20 @@ class PeriodicRLCLI(LightningCLI):
 
 def build_cli(config: dict[str, Any]) -> PeriodicRLCLI:
     """The module, data module and trainer of a ``fit`` configuration (a dict, as the YAML
-    reads), built by the CLI's own parser, not run (``periodic-rl verify``)."""
-    return PeriodicRLCLI(
-        RLModule,
-        PromptDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        parser_class=PeriodicRLArgumentParser,
-        args=config,
-        run=False,
-        save_config_callback=None,
-        auto_configure_optimizers=False,
-    )
+    reads), built by the CLI's own parser, not run (``periodic-rl verify``). The command line
+    is not read (LightningCLI would warn that it was given both)."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        return PeriodicRLCLI(
+            RLModule,
+            PromptDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=PeriodicRLArgumentParser,
+            args=config,
+            run=False,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+        )
+    finally:
+        sys.argv = argv

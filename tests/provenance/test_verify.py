@@ -1,8 +1,11 @@
 """verify: a configuration trained as configured (overlapped, Ray workers) and in the reference
-mode (synchronous, one worker) agrees; with overlap broken on purpose (a strategy that loses a
-group when it overlaps) ``periodic-rl verify`` exits 1 naming the group."""
+mode (synchronous, one worker) agrees, the demo's own YAML among them; with overlap broken on
+purpose (a strategy that loses a group when it overlaps) ``periodic-rl verify`` exits 1 naming
+the group."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +16,7 @@ from periodic_rl.provenance import verify
 from periodic_rl.provenance.verify import RunResult, compare
 
 pytestmark = pytest.mark.usefixtures("local_ray")
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "arithmetic.yaml"
 
 
 class LosesAGroupWhenOverlapped(PeriodicAsyncStrategy):
@@ -69,6 +73,15 @@ def test_overlapped_agrees_with_the_reference(tiny_llama_path):
     assert verdict.versions == [[0], [1]]
     assert verdict.max_difference <= 1e-5
     assert "verdict: AGREE" in verdict.table()
+
+
+def test_the_demo_configuration_agrees(smollm2_path, capsys):
+    """``periodic-rl verify`` on the demo's own YAML (SmolLM2, a vLLM worker, overlapped), two
+    iterations: exit status 0, the same groups and the same parameters."""
+    main(["verify", "--config", str(DEMO), "--iterations", "2"])
+    out = capsys.readouterr().out
+    assert "verdict: AGREE" in out
+    assert "versions seen per iteration                   [0]; [1]" in out
 
 
 def test_broken_overlap_exits_1_naming_the_group(tiny_llama_path, tmp_path, capsys):
