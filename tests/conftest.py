@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -121,32 +120,6 @@ def vllm_slot() -> Iterator[VLLMSlot]:
 def vllm_tiny(vllm_slot, vllm_tiny_path) -> Any:
     """The session's in-process vLLM engine on the tiny model."""
     return vllm_slot.get(vllm_tiny_path)
-
-
-#: The longest test files (minutes each on 2 cores), started first: `make test` runs the files
-#: in two processes (pytest-xdist, whole files), which then finish at about the same time
-#: instead of one of them starting a long file at the end.
-LONGEST_FIRST = (
-    "strategies/test_distributed.py",
-    "test_trainer_kill.py",
-    "strategies/test_auto_split.py",
-    "test_soak.py",
-    "rollout/test_faults.py",
-    "strategies/test_periodic_async.py",
-    "rollout/test_vllm_reload.py",
-    "rollout/test_ray_rollouts.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the files of :data:`LONGEST_FIRST` first, in that order (the rest keep theirs)."""
-    tests = Path(__file__).resolve().parent
-
-    def rank(item: pytest.Item) -> int:
-        name = Path(item.path).resolve().relative_to(tests).as_posix()
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)
 
 
 @pytest.fixture(scope="module")
