@@ -17,8 +17,22 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def cores_per_test_process() -> int:
+    """This test process's share of the cores when several run the suite at once (pytest-xdist):
+    OpenMP pools larger than that spin against each other's and slow every test down."""
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // processes)
+
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # the user's own setting wins
+    os.environ.setdefault("OMP_NUM_THREADS", str(cores_per_test_process()))
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -185,12 +185,10 @@ def gated(hold_dir: Path) -> dict:
 
 
 def run_named(run: str, out: Path) -> None:
-    if run in ("full-overlap", "full-sync", "lora-overlap", "lora-sync"):
+    if run in ("full-overlap", "lora-overlap"):
         lora = LORA if run.startswith("lora") else None
-        steps = 4 if run == "full-sync" else 3  # full-sync is also the resumed run's reference
         num_val = 4 if run == "full-overlap" else 0  # held-out evaluation at start and end
-        strategy = rollouts(overlap=run.endswith("overlap"))
-        fit(out, run, strategy, steps=steps, lora=lora, num_val=num_val)
+        fit(out, run, rollouts(), lora=lora, num_val=num_val)
     elif run == "stale1-overlap":  # bounded staleness, k = 1, two workers
         fit(out, run, rollouts(workers=2, max_staleness=1), num_val=2)
     elif run == "fsdp-overlap":
@@ -204,9 +202,9 @@ def run_named(run: str, out: Path) -> None:
         if run == "kill":
             controller = type("Killer", (KillingController,), {"hold_dir": str(hold)})
         fit(out, run, rollouts(controller=controller, workers=2, **gated(hold)))
-    elif run == "resume":  # 2 iterations, checkpoint, then resumed to 4
+    elif run == "resume":  # 2 synchronous iterations, checkpoint, then resumed overlapped to 4
         ckpt = out / "resume-ckpt"
-        fit(out, "resume-first", rollouts(), steps=2, ckpt_dir=str(ckpt))
+        fit(out, "resume-first", rollouts(overlap=False), steps=2, ckpt_dir=str(ckpt))
         fit(out, run, rollouts(), steps=4, ckpt_dir=str(ckpt), resume=str(ckpt / "last.ckpt"))
     else:
         raise SystemExit(f"unknown run {run!r}")
