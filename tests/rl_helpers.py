@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,3 +167,9 @@ def assert_same_update(
     same_order = [r.order for r in module.records] == [r.order for r in other_module.records]
     if same_order and same_threads:
         assert all(torch.equal(params[k], other_params[k]) for k in params), f"{what}: bits"
+
+
+def starting_threads() -> int:
+    """The OpenMP thread count this process started with (``OMP_NUM_THREADS``, else its cores):
+    an in-process vLLM's CPU attention runs only while the host's count is that one."""
+    return int(os.environ.get("OMP_NUM_THREADS", len(os.sched_getaffinity(0))))

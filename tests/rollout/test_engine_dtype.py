@@ -11,6 +11,7 @@ import logging
 import os
 
 import pytest
+from rl_helpers import starting_threads
 
 from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.cpu_tuning import engine_dtype
@@ -218,7 +219,7 @@ def test_auto_reaches_vllm_as_the_cached_choice(tmp_path, vllm_slot, vllm_tiny_p
     vllm_slot.release()  # one engine at a time
     # The engine runs in this process, and vLLM's CPU attention (bf16) checks that the host's
     # OpenMP thread count is the one it started with: an earlier test may have lowered it.
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(starting_threads())
     cache = tmp_path / "engine_dtype.json"
     monkeypatch.setenv(engine_dtype.CACHE_ENV, str(cache))
     cores = len(os.sched_getaffinity(0))  # without Ray the engine runs on the trainer's cores

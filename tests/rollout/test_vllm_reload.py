@@ -4,12 +4,12 @@ generate the same seeded requests; tokens and behaviour log-probs must agree).""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rl_helpers import starting_threads
 
 pytestmark = pytest.mark.vllm
 
@@ -24,5 +24,5 @@ def test_a_pushed_engine_samples_like_a_fresh_one(vllm_slot, tmp_path, monkeypat
     from repro_vllm_reload import main
 
     vllm_slot.release()  # one in-process engine at a time
-    torch.set_num_threads(len(os.sched_getaffinity(0)))  # as vLLM's CPU attention expects
+    torch.set_num_threads(starting_threads())  # as vLLM's CPU attention expects
     assert main([], work=tmp_path) == 0
