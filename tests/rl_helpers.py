@@ -105,6 +105,7 @@ def train(
     batch_size: int = 3,
     module_cls: type[RLModule] = RecordingModule,
     strategy_cls: type[PeriodicAsyncStrategy] = PeriodicAsyncStrategy,
+    data: PromptDataModule | None = None,
     **module_kwargs: Any,
 ) -> tuple[dict[str, torch.Tensor], RLModule, PeriodicAsyncStrategy]:
     """Train ``steps`` iterations; return the trainable parameters, the module and the strategy.
@@ -135,10 +136,9 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(
-        module,
-        datamodule=PromptDataModule(batch_size=batch_size, num_train=4 * batch_size, num_val=0),
-    )
+    if data is None:
+        data = PromptDataModule(batch_size=batch_size, num_train=4 * batch_size, num_val=0)
+    trainer.fit(module, datamodule=data)
     with strategy_obj.gathered_weights():  # whole parameters under ZeRO-3 (one rank: rank 0)
         params = {
             name: p.detach().to("cpu", copy=True)

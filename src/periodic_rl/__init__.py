@@ -19,6 +19,8 @@ from typing import Any
 
 _EXPORTS = {
     "RLModule": "periodic_rl.module",
+    "AgentConfig": "periodic_rl.agents.config",
+    "Environment": "periodic_rl.agents.environment",
     "StaleRolloutError": "periodic_rl.on_policy",
     "PeriodicAsyncStrategy": "periodic_rl.strategies.periodic_async",
     "PeriodicAsyncDDPStrategy": "periodic_rl.strategies.distributed",

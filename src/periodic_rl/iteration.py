@@ -9,8 +9,13 @@ from dataclasses import dataclass, field
 import torch
 
 from periodic_rl.algorithms.mismatch import mismatch_metrics
+from periodic_rl.loss_mask import environment_tokens
 from periodic_rl.rollout.dynamic_sampling import SamplingReport
-from periodic_rl.rollout.types import RolloutGroup
+from periodic_rl.rollout.types import RolloutGroup, Trajectory
+
+#: Why a trajectory ended (:class:`~periodic_rl.rollout.types.Trajectory`), each logged as the
+#: share ``agent/stop/<reason>`` of the iteration's trajectories.
+STOP_REASONS = ("done", "max_turns", "token_budget", "length")
 
 
 def micro_batch_tensors(
@@ -20,6 +25,53 @@ def micro_batch_tensors(
     advantages = torch.tensor([a for g in groups for a in g.advantages], dtype=torch.float32)
     rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
     return advantages.to(device), rewards.to(device)
+
+
+@dataclass
+class AgentTotals:
+    """Sums over the multi-turn trajectories of an iteration's trained groups."""
+
+    trajectories: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    tool_seconds: float = 0.0
+    env_truncated: int = 0  # environment replies cut to fit
+    stops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, trajectories: list[Trajectory]) -> None:
+        for trajectory in trajectories:
+            self.trajectories += 1
+            self.turns += len(trajectory.turns)
+            self.stops[trajectory.stop] += 1
+            for turn in trajectory.turns:
+                self.tool_calls += turn.tool_calls
+                self.tool_errors += turn.tool_errors
+                self.tool_timeouts += turn.tool_timeouts
+                self.tool_seconds += turn.tool_seconds
+                self.env_truncated += int(turn.env_truncated)
+
+    def metrics(self) -> dict[str, float]:
+        """``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors``,
+        ``agent/tool_timeouts`` and ``agent/env_truncated`` per trajectory (means),
+        ``agent/tool_latency_s`` (mean seconds per tool call, when there was one) and
+        ``agent/stop/<reason>`` (share of the trajectories); none without trajectories."""
+        n = self.trajectories
+        if not n:
+            return {}
+        out = {
+            "agent/turns": self.turns / n,
+            "agent/tool_calls": self.tool_calls / n,
+            "agent/tool_errors": self.tool_errors / n,
+            "agent/tool_timeouts": self.tool_timeouts / n,
+            "agent/env_truncated": self.env_truncated / n,
+        }
+        if self.tool_calls:
+            out["agent/tool_latency_s"] = self.tool_seconds / self.tool_calls
+        for reason in dict.fromkeys([*STOP_REASONS, *self.stops]):
+            out[f"agent/stop/{reason}"] = self.stops.get(reason, 0) / n
+        return out
 
 
 @dataclass
@@ -35,6 +87,10 @@ class IterationStats:
     zero_std_groups: int = 0
     truncated: int = 0  # completions that hit max_new_tokens without EOS
     truncated_tokens: int = 0
+    # environment tokens of multi-turn completions (loss mask 0), all and truncated ones'
+    masked_tokens: int = 0
+    truncated_masked_tokens: int = 0
+    agent: AgentTotals = field(default_factory=AgentTotals)
     prompts_truncated: int | None = None  # cut to max_prompt_length (None: no limit set)
     rewards: list[float] = field(default_factory=list)
     components: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -65,6 +121,14 @@ class IterationStats:
                 self.truncated_tokens += sum(
                     len(c) for c, t in zip(group.completion_ids, group.truncated, strict=True) if t
                 )
+            if group.trajectories:
+                environment = environment_tokens(group)
+                self.masked_tokens += sum(environment)
+                if group.truncated:
+                    self.truncated_masked_tokens += sum(
+                        e for e, t in zip(environment, group.truncated, strict=True) if t
+                    )
+                self.agent.add(group.trajectories)
             if max(group.rewards) == min(group.rewards):
                 self.zero_std_groups += 1
             for name, values in group.reward_components.items():
@@ -83,9 +147,13 @@ class IterationStats:
             rows = rows[len(lengths) :]
 
     def loss_tokens(self, mask_truncated_completions: bool) -> int:
-        """Completion tokens in the loss normaliser: without the truncated completions' when
-        they are masked (:mod:`periodic_rl.truncation`)."""
-        return self.num_tokens - (self.truncated_tokens if mask_truncated_completions else 0)
+        """Completion tokens in the loss normaliser: without the environment tokens of
+        multi-turn completions (:mod:`periodic_rl.loss_mask`), and without the truncated
+        completions' model tokens when they are masked (:mod:`periodic_rl.truncation`)."""
+        model_tokens = self.num_tokens - self.masked_tokens
+        if mask_truncated_completions:
+            return model_tokens - (self.truncated_tokens - self.truncated_masked_tokens)
+        return model_tokens
 
     def add_loss(self, stats: dict[str, float]) -> None:
         """Add a micro-batch's loss statistics: sums, except the extremes (``*_max``,
@@ -131,6 +199,9 @@ class IterationStats:
             out["staleness/max"] = float(max(counts))
             for lag, n in sorted(counts.items()):  # the histogram: share of groups per lag
                 out[f"staleness/{lag}"] = n / self.num_groups
+        if self.agent.trajectories:  # a multi-turn iteration
+            out["rollout/masked_tokens"] = float(self.masked_tokens)
+            out.update(self.agent.metrics())
         out.update(mismatch_metrics(self.loss))  # engine vs trainer log-probs, when reported
         if self.dynamic_sampling is not None:  # dynamic_sampling/*: groups dropped, spares
             out.update(self.dynamic_sampling.metrics())

@@ -24,6 +24,7 @@ from periodic_rl.algorithms.mismatch import behaviour_for_loss, importance_cap, 
 from periodic_rl.attention import completion_logprobs, shared_prompt_attention
 from periodic_rl.data.loader import IndexedPrompts, SparePrompts
 from periodic_rl.iteration import micro_batch_tensors
+from periodic_rl.loss_mask import apply_loss_masks
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling, SpareJobs
 from periodic_rl.rollout.pipeline import RolloutRequest
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
@@ -53,6 +54,8 @@ class TrainingModule(Protocol):
     ) -> tuple[list[list[int]], int]: ...
 
     def group_seed(self, iteration: int, index: int) -> int: ...
+
+    def rollout_row(self, row: dict[str, Any]) -> dict[str, Any] | None: ...
 
     @property
     def resolved_tis_cap(self) -> float | None:
@@ -87,7 +90,13 @@ def rollout_request(
     h = module.hparams
     n = h.num_generations
     jobs = [
-        GroupJob(index=i, prompt_ids=ids, n=n, seed=module.group_seed(iteration, i))
+        GroupJob(
+            index=i,
+            prompt_ids=ids,
+            n=n,
+            seed=module.group_seed(iteration, i),
+            row=module.rollout_row(share.rows[i]),
+        )
         for i, ids in enumerate(prompt_ids)
     ]
     spares = dynamic = None
@@ -130,6 +139,7 @@ def spare_jobs(module: TrainingModule, iteration: int, first_index: int) -> Spar
         encode=lambda row: module.encode_prompts([row], where)[0][0],
         n=module.hparams.num_generations,
         seed=lambda index: module.group_seed(iteration, index),
+        job_row=module.rollout_row,
     )
 
 
@@ -151,7 +161,9 @@ def backward_micro_batch(
     """Forward and backward one micro-batch; returns its loss sums and what later updates of
     the iteration reuse. ``first`` (``num_iterations > 1``): the first update's log-probs are
     the old policy of the clipped ratio, its importance weights and reference log-probs are
-    reused."""
+    reused. The environment tokens of multi-turn groups are out of the token mask from the
+    start (:mod:`periodic_rl.loss_mask`): out of the loss, the entropy, the KL, the importance
+    weights and the mismatch sums."""
     h = module.hparams
     pairs = [(g.prompt_ids, g.completion_ids) for g in groups]
     forward = dict(
@@ -171,6 +183,7 @@ def backward_micro_batch(
         )
         if h.mask_truncated_completions:  # zero loss weight (periodic_rl.truncation)
             mask = mask_truncated(mask, groups)
+        mask = apply_loss_masks(mask, groups)  # environment tokens (periodic_rl.loss_mask)
         if first_update:
             ref_logps = None
             if h.beta > 0:

@@ -18,6 +18,10 @@ import lightning as L
 import torch
 
 from periodic_rl import optim
+from periodic_rl.agents.build import renderer as agent_renderer
+from periodic_rl.agents.config import AgentConfig
+from periodic_rl.agents.prompts import fit_agent_prompts, job_row, prompt_messages
+from periodic_rl.agents.rendering import ChatRenderer
 from periodic_rl.algorithms.advantages import AdvantageBaseline, ScaleRewards
 from periodic_rl.algorithms.losses import LossType, loss_denominator
 from periodic_rl.attention.backends import BuiltinBackend
@@ -201,6 +205,10 @@ class RLModule(L.LightningModule):
             mask, behaviour log-probs, rewards, advantage, version, fingerprint, seed, the
             micro-batch and rank that trained it) as Parquet files in ``<log_dir>/rollouts``
             (:class:`~periodic_rl.callbacks.RolloutRecord`; a resumed run continues them).
+        agent: multi-turn rollouts with tools or an environment
+            (:class:`~periodic_rl.agents.AgentConfig`); ``max_new_tokens`` is then each
+            trajectory's budget of model tokens over all its turns. ``None``: one completion
+            per sample.
     """
 
     def __init__(
@@ -256,10 +264,13 @@ class RLModule(L.LightningModule):
         eval_at_end: bool = True,
         seed: int = 0,
         record_rollouts: bool = False,
+        agent: AgentConfig | None = None,
     ) -> None:
         super().__init__()
         check_module_config(locals(), RLModule.__init__)
-        self.save_hyperparameters(ignore=["reward_funcs"])
+        self.save_hyperparameters(ignore=["reward_funcs", "agent"])  # code, not checkpoint data
+        self.agent_config = agent
+        self.chat_renderer: ChatRenderer | None = None  # multi-turn rollouts, from setup
         self.automatic_optimization = False
         self.strict_loading = lora is None  # LoRA checkpoints hold the adapter only
         self.reward_specs = list(reward_funcs or [])  # callables or dotted paths
@@ -290,6 +301,8 @@ class RLModule(L.LightningModule):
             self.tokenizer = load_tokenizer(
                 self.model_path, **tokenizer_kwargs(self.hparams.get("model_init_kwargs"))
             )
+            if self.agent_config is not None:
+                self.chat_renderer = agent_renderer(self.agent_config, self.tokenizer)
             trainer = attached_trainer(self)
             device = trainer.strategy.root_device.type if trainer is not None else "cpu"
             dtype = training_dtype(self.hparams.get("dtype", "auto"), device)
@@ -331,8 +344,20 @@ class RLModule(L.LightningModule):
     def encode_prompts(self, rows: list[dict[str, Any]], where: str) -> tuple[list[list[int]], int]:
         """The rows' prompt ids within ``max_prompt_length``, and how many were cut."""
         h = self.hparams
+        if self.chat_renderer is not None:  # the shared start of every trajectory
+            messages = [prompt_messages(row["prompt"], h.system_prompt) for row in rows]
+            ids = [self.chat_renderer.prompt_ids(m, add_generation_prompt=False) for m in messages]
+            return fit_agent_prompts(ids, h.max_prompt_length, where), 0
         ids = [self.encode_prompt(row["prompt"]) for row in rows]
         return fit_prompts(ids, h.max_prompt_length, h.prompt_truncation, where)
+
+    def rollout_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """What a job carries of its dataset row: in multi-turn rollouts, the row with its
+        prompt as the chat messages encoded (its environment's ``reset`` reads it); else
+        nothing."""
+        if self.agent_config is None:
+            return None
+        return job_row(row, self.hparams.system_prompt)
 
     @property
     def micro_batch_size(self) -> int:

@@ -208,8 +208,8 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     if not funcs and source is not None and source.reward_funcs:
         funcs = list(source.reward_funcs)
         weights = weights or list(source.reward_weights or [])
-    if not funcs:
-        funcs = [module.reward]
+    if not funcs and not (module.agent_config is not None and not _overrides_reward(module)):
+        funcs = [module.reward]  # a multi-turn run may score with its environment's only
     return Scorer(
         tokenizer=module.tokenizer,
         reward_funcs=funcs,
@@ -227,6 +227,12 @@ def build_scorer(module: Any, source: Any) -> Scorer:
     )
 
 
+def _overrides_reward(module: Any) -> bool:
+    """Whether the module's class defines its own ``reward`` (RLModule's raises)."""
+    owner = next(klass for klass in type(module).__mro__ if "reward" in vars(klass))
+    return owner.__module__ != "periodic_rl.module"
+
+
 def place_reward_models(funcs: list[Any], device: Any) -> None:
     """Move each :class:`RewardModel` built without a device of its own to ``device`` (the
     training device; None: leave it where it is)."""
@@ -242,6 +248,8 @@ def probe_rewards(module: Any, row: dict[str, Any]) -> None:
     loaded and encoded by :func:`periodic_rl.setup_checks.check_data_and_model`."""
     probes = ["", "42"]
     columns = {k: [v] * len(probes) for k, v in row.items() if k != "prompt"}
+    if module.agent_config is not None:  # a trajectory's conversation, one assistant turn here
+        columns["messages"] = [[{"role": "assistant", "content": p}] for p in probes]
     module.scorer.rewards([row["prompt"]] * len(probes), probes, columns, count=False)
 
 

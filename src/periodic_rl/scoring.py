@@ -6,6 +6,7 @@ Where each reward call runs (the reward pool or the trainer's process) is
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import Counter
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from periodic_rl.algorithms.advantages import group_advantages
+from periodic_rl.loss_mask import check_trajectories
 from periodic_rl.models import TOKENIZER_LOCK
 from periodic_rl.reward_pool import RewardPool
 from periodic_rl.rewards import (
@@ -30,8 +32,13 @@ from periodic_rl.rewards import (
     reward_name,
     split_components,
 )
-from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup
+from periodic_rl.rollout.types import GeneratedGroup, RolloutGroup, Trajectory
 from periodic_rl.truncation import is_truncated, overlong_penalty
+
+#: The reward component of the environment's own rewards in a multi-turn group.
+ENVIRONMENT = "environment"
+#: How a trajectory ends when a length limit cut it (``Trajectory.stop``): truncated.
+TRUNCATING_STOPS = ("length", "token_budget")
 
 #: Under ``reward_on_error: zero``, a reward whose every call failed for this many iterations in
 #: a row stops the run (:meth:`Scorer.end_iteration`): it is broken, not flaky.
@@ -50,6 +57,20 @@ class Scorer:
     ``eos_token_ids`` (``RolloutGroup.truncated``); with ``overlong_buffer`` set too, it adds
     DAPO's soft overlong penalty (:func:`~periodic_rl.truncation.overlong_penalty`) to each total
     reward before the advantages, as the component ``overlong``.
+
+    **Multi-turn groups** (``GeneratedGroup.trajectories``, one
+    :class:`~periodic_rl.rollout.types.Trajectory` per completion) are scored the same way,
+    the completion text being the decoded response (the model's and the environment's tokens),
+    with two additions: the reward functions get the column ``messages``, each trajectory's
+    conversation after the prompt; and when any trajectory carries an environment reward
+    (``env_reward``), it is the component ``environment`` (``None``: 0.0), *added* to the
+    weighted sum of the reward functions, with weight 1, like ``overlong`` (a run whose only
+    reward is the environment's has no reward functions: their sum is then 0). A trajectory is
+    truncated when a length limit ended it (``stop`` is ``"length"`` or ``"token_budget"``),
+    whatever its length; the overlong penalty counts its model tokens over all turns
+    (``max_new_tokens`` is a trajectory's budget of model tokens), not the environment's. The
+    trajectories travel on in the :class:`~periodic_rl.rollout.types.RolloutGroup`, whose loss
+    masks keep the environment's tokens out of the loss (:mod:`periodic_rl.loss_mask`).
 
     With ``reward_workers > 0`` the rewards that can run in another process do so, in a
     :class:`~periodic_rl.reward_pool.RewardPool` started at the first call; :meth:`close` stops
@@ -277,27 +298,45 @@ class Scorer:
     ) -> RolloutGroup:
         """A scored group from one job's output and the dataset row it came from.
 
-        ``held_out``: a held-out evaluation group (its own length cap): the task rewards only,
-        no truncation flags and no overlong penalty."""
+        ``held_out``: a held-out evaluation group (its own length cap): the task rewards (and
+        the environment's) only, no truncation flags and no overlong penalty."""
         n = len(generated.completion_ids)
+        trajectories = list(generated.trajectories)
+        if trajectories:
+            check_trajectories(trajectories, generated.completion_ids)
         with TOKENIZER_LOCK:  # the rollout thread; the trainer's may be encoding
             completions = self.tokenizer.batch_decode(
                 generated.completion_ids, skip_special_tokens=True
             )
         columns = {k: [v] * n for k, v in row.items() if k != "prompt"}
+        if trajectories:
+            if "messages" in columns:
+                raise ValueError(
+                    "the data row has a column 'messages', the name under which the rewards "
+                    "get each trajectory's conversation: rename the column"
+                )
+            columns["messages"] = [t.messages for t in trajectories]
         totals, components = self.rewards(
             [row["prompt"]] * n, completions, columns, count=not held_out
         )
+        if any(t.env_reward is not None for t in trajectories):
+            totals = self._add_environment(trajectories, totals, components)
         truncated = []
-        if self.max_new_tokens is not None and not held_out:
+        if not held_out and trajectories:
+            truncated = [t.stop in TRUNCATING_STOPS for t in trajectories]
+        elif self.max_new_tokens is not None and not held_out:
             cap, eos = self.max_new_tokens, set(self.eos_token_ids)
             truncated = [is_truncated(c, cap, eos) for c in generated.completion_ids]
-            if self.overlong_buffer is not None:  # part of the reward, before the advantages
-                components["overlong"] = [
-                    overlong_penalty(len(c), cap, self.overlong_buffer, self.overlong_penalty)
-                    for c in generated.completion_ids
-                ]
-                totals = [t + p for t, p in zip(totals, components["overlong"], strict=True)]
+        if self.overlong_buffer is not None and self.max_new_tokens is not None and not held_out:
+            cap = self.max_new_tokens  # part of the reward, before the advantages
+            lengths = [len(c) for c in generated.completion_ids]
+            if trajectories:
+                lengths = [sum(t.loss_mask) for t in trajectories]
+            components["overlong"] = [
+                overlong_penalty(length, cap, self.overlong_buffer, self.overlong_penalty)
+                for length in lengths
+            ]
+            totals = [t + p for t, p in zip(totals, components["overlong"], strict=True)]
         group = RolloutGroup(
             index=generated.index,
             prompt=row["prompt"],
@@ -313,12 +352,30 @@ class Scorer:
             worker=generated.worker,
             logprobs=generated.logprobs,
             truncated=truncated,
+            trajectories=trajectories,
         )
         if self.scale_rewards != "batch":
             group.advantages = group_advantages(
                 torch.tensor(totals, dtype=torch.float64), n, self.scale_rewards, self.baseline
             ).tolist()
         return group
+
+    @staticmethod
+    def _add_environment(
+        trajectories: list[Trajectory], totals: list[float], components: dict[str, list[float]]
+    ) -> list[float]:
+        """Record the environment's rewards as the component ``environment`` and return the
+        totals with them added."""
+        if ENVIRONMENT in components:
+            raise RewardError(
+                f"a reward or component named '{ENVIRONMENT}' clashes with the environment's "
+                f"own rewards (logged as rewards/{ENVIRONMENT}): rename it"
+            )
+        values = [0.0 if t.env_reward is None else float(t.env_reward) for t in trajectories]
+        if not all(math.isfinite(v) for v in values):
+            raise RewardError(f"the environment returned a non-finite reward: {values}")
+        components[ENVIRONMENT] = values
+        return [t + v for t, v in zip(totals, values, strict=True)]
 
     def scale_batch(self, groups: list[RolloutGroup]) -> None:
         """Fill in advantages with the whole iteration's reward std ("batch" scaling)."""

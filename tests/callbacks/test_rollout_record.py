@@ -4,6 +4,8 @@ a resumed run continues it, and a write that fails leaves nothing behind."""
 from __future__ import annotations
 
 import copy
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import datasets
@@ -12,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from rl_helpers import length_reward
+from trajectory_helpers import attach_trajectories
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.callbacks import RolloutRecord
@@ -48,9 +51,24 @@ class KeepsWhatItTrained(RLModule):
         self.steps.append(self.stepped)
 
 
-def fit(model_path: str, root: Path, steps: int, ckpt_path: str | None = None):
+class TrajectoriesKept(KeepsWhatItTrained):
+    """Its groups are multi-turn: tokens 3 and 4 of each completion are an environment reply,
+    sample 3 stopped on its length (tests/trajectory_helpers.py)."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        attach_trajectories(self)
+
+
+def fit(
+    model_path: str,
+    root: Path,
+    steps: int,
+    ckpt_path: str | None = None,
+    module_cls: type[KeepsWhatItTrained] = KeepsWhatItTrained,
+):
     L.seed_everything(0, verbose=False)
-    module = KeepsWhatItTrained(
+    module = module_cls(
         model=model_path,
         num_generations=4,
         micro_batch_size=4,  # one group per micro-batch: two micro-batches an iteration
@@ -127,6 +145,30 @@ def test_the_record_read_back_is_what_was_trained(recorded, tmp_path):
         assert mask_tokens == loss["tokens"]  # the tokens the trainer's loss counted
     assert {r["micro_batch"] for r in rows} == {0, 1}
     assert any(0 in r["loss_mask"] for r in rows) and kept  # both kinds of rows
+    assert all(r[c] is None for r in rows for c in ("turns", "messages", "env_reward", "stop"))
+
+
+def test_a_multi_turn_record_holds_the_trajectories(tiny_llama_path, tmp_path):
+    """The loss mask is the trajectory's (0 on the environment's tokens), zeroed whole for a
+    truncated completion under mask_truncated_completions; the turns, messages, environment
+    reward and stop are recorded, and read back into the trajectory that was trained."""
+    module, _ = fit(tiny_llama_path, tmp_path, 1, module_cls=TrajectoriesKept)
+    rows = pq.read_table(tmp_path / "rollouts" / "iteration_000000_rank0.parquet").to_pylist()
+    by_key = {(r["group"], r["sample"]): r for r in rows}
+    ((groups, _, loss),) = module.trained
+    assert len(rows) == 8
+    for group in groups:
+        for i, trajectory in enumerate(group.trajectories):
+            row = by_key[(group.index, i)]
+            kept = not group.truncated[i]
+            assert row["loss_mask"] == [m * kept for m in trajectory.loss_mask]
+            assert row["turns"] == [asdict(t) for t in trajectory.turns]
+            assert json.loads(row["messages"]) == trajectory.messages
+            assert (row["env_reward"], row["stop"]) == (trajectory.env_reward, trajectory.stop)
+            assert row["rewards/environment"] == group.reward_components["environment"][i]
+            assert record_module.read_trajectory(row) == trajectory
+    assert not any(any(by_key[(g.index, 3)]["loss_mask"]) for g in groups)  # a "length" stop
+    assert sum(sum(r["loss_mask"]) for r in rows) == loss["tokens"]
 
 
 def test_each_file_carries_the_digest_of_the_gradient_its_steps_applied(recorded):

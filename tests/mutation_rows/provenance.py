@@ -70,6 +70,20 @@ ROWS: list[Mutation] = [
         tests=("tests/callbacks/test_rollout_record.py",),
     ),
     Mutation(
+        name="record: the loss mask ignores the environment tokens of a trajectory",
+        file="src/periodic_rl/callbacks/record.py",
+        old='"loss_mask": [int(keep[i]) * m for m in mask],',
+        new='"loss_mask": [int(keep[i])] * len(ids),',
+        tests=("tests/callbacks/test_rollout_record.py",),
+    ),
+    Mutation(
+        name="replay: a multi-turn group is replayed without the record's trajectories",
+        file="src/periodic_rl/provenance/replay.py",
+        old="                generated.trajectories = list(found)\n",
+        new="                pass\n",
+        tests=("tests/provenance/test_replay.py::test_replay_rebuilds_a_multi_turn_iteration",),
+    ),
+    Mutation(
         name="replay: the digest difference is normalised by a huge scale",
         file="src/periodic_rl/provenance/replay.py",
         old="            norm = max(math.sqrt(squares), 1e-30)\n",

@@ -137,6 +137,20 @@ ROWS: list[Mutation] = [
         ),
     ),
     Mutation(
+        name="multi-turn: environment tokens not masked out of the loss",
+        file="src/periodic_rl/loss_mask.py",
+        old="    return mask * loss\n",
+        new="    return mask\n",
+        tests=("tests/test_loss_mask.py::test_environment_tokens_are_out_of_the_update[dapo]",),
+    ),
+    Mutation(
+        name="multi-turn: environment tokens counted in the token normaliser",
+        file="src/periodic_rl/iteration.py",
+        old="        model_tokens = self.num_tokens - self.masked_tokens\n",
+        new="        model_tokens = self.num_tokens\n",
+        tests=("tests/test_loss_mask.py::test_environment_tokens_are_out_of_the_update[dapo]",),
+    ),
+    Mutation(
         name="TIS weights not truncated at tis_cap",
         file="src/periodic_rl/algorithms/losses.py",
         old="    return torch.where(valid, torch.exp(delta).clamp(max=cap), zeros)\n",

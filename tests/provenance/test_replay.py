@@ -1,10 +1,12 @@
 """replay: a recorded iteration recomputed from the record and the checkpoint gives the update
 the run made (full fine-tuning and LoRA, the first and the last of three iterations); a
 corrupted behaviour log-prob in the record is named by group, sample and token; another
-advantage normaliser than the run's is a different update."""
+advantage normaliser than the run's is a different update; a multi-turn iteration is replayed,
+turn by turn through the agent loop, or with the trajectories of its record."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
 
@@ -15,16 +17,18 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from rl_helpers import length_reward
+from trajectory_helpers import attach_trajectories
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.cli import main
 from periodic_rl.provenance import replay
 
+replay_module = importlib.import_module("periodic_rl.provenance.replay")  # not the function
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 ITERATIONS = 3
 
 
-def module_and_data(model_path: str, lora: dict | None, **overrides):
+def module_and_data(model_path: str, lora: dict | None, cls: type = RLModule, **overrides):
     """The run's module and data, built the same way for the run and for each replay."""
     kwargs = dict(
         model=model_path,
@@ -38,7 +42,7 @@ def module_and_data(model_path: str, lora: dict | None, **overrides):
         temperature=0.7,
         record_rollouts=True,
     )
-    module = RLModule(**{**kwargs, **overrides})
+    module = cls(**{**kwargs, **overrides})
     return module, PromptDataModule(batch_size=2, num_train=16, num_val=0)
 
 
@@ -144,3 +148,94 @@ def test_the_command_replays_from_the_run_configuration(run, tiny_llama_path, tm
     with pytest.raises(SystemExit) as exit_:
         main([*args, "--iteration", "9"])
     assert exit_.value.code == 2
+
+
+class MultiTurnRun(RLModule):
+    """A run whose groups are multi-turn: tokens 3 and 4 of each completion an environment
+    reply (behaviour log-prob 0.0), environment rewards (tests/trajectory_helpers.py)."""
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        attach_trajectories(self)
+
+
+class NoTrajectories(L.Callback):
+    """Stands for replay's RecordedTrajectories, giving the groups none."""
+
+    def __init__(self, rows) -> None:
+        pass
+
+
+def test_replay_rebuilds_a_multi_turn_iteration(tiny_llama_path, tmp_path, monkeypatch):
+    """Replayed by a module that makes no trajectories, a multi-turn iteration gets its
+    trajectories from the record: the same update, the same rewards (the environment's
+    included), and no mismatch reported on the environment's tokens. Without them the replay
+    is another update."""
+    L.seed_everything(0, verbose=False)
+    module, data = module_and_data(tiny_llama_path, None, cls=MultiTurnRun)
+    trainer = L.Trainer(
+        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=data)
+    masked = module.last_iteration.masked_tokens
+    assert masked > 0
+
+    module, data = module_and_data(tiny_llama_path, None)
+    report = replay(module, data, tmp_path / "rollouts", 0, seed=0)
+    assert report.exact, report.describe()
+    assert not report.token_mismatches and not report.reward_differences
+    assert report.metrics["rollout/masked_tokens"] == masked  # the replay's own groups
+
+    monkeypatch.setattr(replay_module, "RecordedTrajectories", NoTrajectories)
+    module, data = module_and_data(tiny_llama_path, None)
+    report = replay(module, data, tmp_path / "rollouts", 0, seed=0)
+    assert not report.exact and report.reward_differences
+    assert report.digest_difference > 1e-3
+
+
+GAME = Path(__file__).resolve().parents[2] / "examples" / "data" / "guess_number.jsonl"
+
+
+def test_replay_reproduces_an_agent_loop_iteration(tiny_llama_path, tmp_path):
+    """A run of the agent loop (examples/guess_number.py: the environment draws its secret
+    from the trajectory's seed): replayed, each model turn is the recorded one and the
+    environment answers it again, giving the same trajectories, rewards and update."""
+    from periodic_rl.agents.config import AgentConfig
+
+    agent = AgentConfig(
+        environment="examples.guess_number:GuessNumber", max_turns=3, max_turn_tokens=4
+    )
+
+    def build():
+        module, _ = module_and_data(tiny_llama_path, None, max_new_tokens=10, agent=agent)
+        return module, PromptDataModule(source=str(GAME), batch_size=2, num_train=8, num_val=0)
+
+    L.seed_everything(0, verbose=False)
+    module, data = build()
+    trainer = L.Trainer(
+        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=data)
+    run = module.last_iteration
+    assert max(len(t.turns) for g in run.groups for t in g.trajectories) > 1
+
+    module, data = build()
+    report = replay(module, data, tmp_path / "rollouts", 0, seed=0)
+    assert report.exact, report.describe()
+    assert not report.token_mismatches and not report.reward_differences
+    replayed = module.last_iteration
+    assert [t for g in replayed.groups for t in g.trajectories] == [
+        t for g in run.groups for t in g.trajectories
+    ]

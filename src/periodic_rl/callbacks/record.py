@@ -24,17 +24,28 @@ Columns (``list<...>`` columns hold one value per completion token):
 ``worker``, ``seed``      the rollout worker and the group's sampling seed
 ``prompt_ids``            ``list<int32>``: the prompt's token ids
 ``completion_ids``        ``list<int32>``: the completion's token ids
-``loss_mask``             ``list<int8>``: 1 where the token counts in the loss
+``loss_mask``             ``list<int8>``: 1 where the token counts in the loss (0 on the
+                          environment's tokens of a multi-turn completion, and on every
+                          token of a truncated one under ``mask_truncated_completions``)
 ``behaviour_logprobs``    ``list<float32>``: the engine's log-prob of each sampled token (null
                           when the engine returned none)
 ``trainer_logprobs``      ``list<float32>``: the trainer's log-prob of each token, at the
                           iteration's first update (the policy the group was sampled from)
-``truncated``             the completion hit ``max_new_tokens`` without an end token
+``truncated``             the completion hit ``max_new_tokens`` without an end token (multi-turn:
+                          a length limit ended it, ``stop`` ``length`` or ``token_budget``)
 ``reward``                the total (weighted) reward
 ``rewards/<name>``        each reward function's value
 ``advantage``             the completion's advantage
 ``prompt``                the prompt as the rewards saw it (chat messages as JSON)
 ``completion``            the completion's text
+``turns``                 multi-turn: ``list<struct>``, one per model turn: ``start``,
+                          ``model_tokens``, ``env_tokens``, ``tool_calls``, ``tool_errors``,
+                          ``tool_timeouts``, ``tool_seconds``, ``env_truncated``
+                          (:class:`~periodic_rl.rollout.types.Turn`); null when single-turn
+``messages``              multi-turn: the conversation after the prompt (JSON); else null
+``env_reward``            multi-turn: the environment's summed reward (null: none)
+``stop``                  multi-turn: why the trajectory ended (``Trajectory.stop``: ``done``,
+                          ``max_turns``, ``token_budget``, ``length``, ...); else null
 ``columns``               the data row's other columns (JSON), which the rewards read too
 ``temperature``, ...      the sampling settings: ``temperature``, ``top_p``, ``top_k``,
                           ``min_p``, ``repetition_penalty``, ``max_new_tokens``
@@ -51,6 +62,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +73,7 @@ from lightning.pytorch.callbacks import Callback
 
 from periodic_rl.callbacks._common import atomic_file, finished_iteration, last_iteration, run_dir
 from periodic_rl.iteration import IterationStats
+from periodic_rl.rollout.types import Trajectory, Turn
 from periodic_rl.truncation import completion_keep
 
 #: The sampling settings recorded with every row (the module's hyperparameters of that name).
@@ -85,6 +98,24 @@ _FIXED = [
     ("reward", pa.float64()),
 ]
 _TEXT = [("advantage", pa.float64()), ("prompt", pa.string()), ("completion", pa.string())]
+_TURN = pa.struct(
+    [
+        ("start", pa.int32()),
+        ("model_tokens", pa.int32()),
+        ("env_tokens", pa.int32()),
+        ("tool_calls", pa.int32()),
+        ("tool_errors", pa.int32()),
+        ("tool_timeouts", pa.int32()),
+        ("tool_seconds", pa.float64()),
+        ("env_truncated", pa.bool_()),
+    ]
+)
+_TRAJECTORY = [
+    ("turns", pa.list_(_TURN)),
+    ("messages", pa.string()),
+    ("env_reward", pa.float64()),
+    ("stop", pa.string()),
+]
 _SETTINGS = [
     ("columns", pa.string()),
     ("temperature", pa.float64()),
@@ -99,11 +130,45 @@ _SETTINGS = [
 def record_schema(reward_names: list[str]) -> pa.Schema:
     """The record's schema for a run whose reward functions are ``reward_names``."""
     rewards = [(f"rewards/{name}", pa.float64()) for name in reward_names]
-    return pa.schema([*_FIXED, *rewards, *_TEXT, *_SETTINGS])
+    return pa.schema([*_FIXED, *rewards, *_TEXT, *_TRAJECTORY, *_SETTINGS])
 
 
 def _json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+
+
+def trajectory_columns(trajectory: Trajectory | None) -> dict[str, Any]:
+    """The record's multi-turn columns of one completion (all null for a single-turn one)."""
+    if trajectory is None:
+        return {"turns": None, "messages": None, "env_reward": None, "stop": None}
+    return {
+        "turns": [asdict(turn) for turn in trajectory.turns],
+        "messages": _json(trajectory.messages),
+        "env_reward": trajectory.env_reward,
+        "stop": trajectory.stop,
+    }
+
+
+def read_trajectory(row: Mapping[str, Any]) -> Trajectory | None:
+    """The :class:`~periodic_rl.rollout.types.Trajectory` a record row was trained with (None
+    for a single-turn row). The loss mask is the row's, except in a row masked whole as
+    truncated, where it is rebuilt from the turns (1 on each turn's model tokens)."""
+    if row.get("turns") is None:
+        return None
+    turns = tuple(Turn(**turn) for turn in row["turns"])
+    mask = list(row["loss_mask"])
+    if row["truncated"] and not any(mask):
+        mask = [0] * len(row["completion_ids"])
+        for turn in turns:
+            for position in range(turn.start, min(turn.start + turn.model_tokens, len(mask))):
+                mask[position] = 1
+    return Trajectory(
+        loss_mask=mask,
+        turns=turns,
+        messages=json.loads(row["messages"]) if row["messages"] else [],
+        env_reward=row["env_reward"],
+        stop=row["stop"],
+    )
 
 
 def record_rows(
@@ -119,8 +184,11 @@ def record_rows(
     for group in stats.groups:
         keep = completion_keep([group]) if masked else [True] * len(group.completion_ids)
         trainer = stats.trainer_logprobs.get(group.index)
+        masks = group.loss_masks()
         for i, ids in enumerate(group.completion_ids):
             logprobs = group.logprobs[i] if group.logprobs and group.logprobs[i] else None
+            mask = masks[i] if masks is not None else [1] * len(ids)
+            trajectory = group.trajectories[i] if group.trajectories else None
             rows.append(
                 {
                     "iteration": iteration,
@@ -134,7 +202,7 @@ def record_rows(
                     "seed": group.seed,
                     "prompt_ids": list(group.prompt_ids),
                     "completion_ids": list(ids),
-                    "loss_mask": [int(keep[i])] * len(ids),
+                    "loss_mask": [int(keep[i]) * m for m in mask],
                     "behaviour_logprobs": logprobs,
                     "trainer_logprobs": trainer[i] if trainer else None,
                     "truncated": bool(group.truncated[i]) if group.truncated else False,
@@ -143,6 +211,7 @@ def record_rows(
                     "advantage": group.advantages[i] if group.advantages else None,
                     "prompt": _json(group.prompt),
                     "completion": group.completions[i],
+                    **trajectory_columns(trajectory),
                     "columns": _json(group.columns),
                     **sampling,
                 }

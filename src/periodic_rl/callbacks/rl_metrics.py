@@ -27,7 +27,10 @@ class RLMetrics(Callback):
     effective sample size ``mismatch/ess``, ``mismatch/missing_tokens``; with ``tis_cap`` also
     ``mismatch/tis_weight`` and ``mismatch/tis_capped_frac``; see the module
     ``periodic_rl.algorithms.mismatch``), and throughput (rollouts/s, tokens/s); with the
-    strategy's ``max_staleness >= 1`` the groups' lag (``staleness/*``). ``reward_running`` is
+    strategy's ``max_staleness >= 1`` the groups' lag (``staleness/*``); with multi-turn
+    trajectories the environment tokens kept out of the loss (``rollout/masked_tokens``) and
+    the agent's turns, tool calls, errors, timeouts, latency and stop reasons (``agent/*``;
+    :class:`~periodic_rl.iteration.AgentTotals`). ``reward_running`` is
     the mean training reward over the run so far (a torchmetrics ``MeanMetric``, weighted by
     completions).
 

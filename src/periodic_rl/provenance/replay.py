@@ -13,6 +13,14 @@ run made), the rewards and advantages, the trainer's log-probs, and each token's
 log-prob mismatch (the tokens whose behaviour log-prob is off by more than a tolerance, by group,
 sample and position).
 
+A multi-turn iteration is replayed with its trajectories: with the run's agent loop, each model
+turn is the recorded one and the environment answers it again (its replies, rewards and stop
+reasons are recomputed like the rewards; :class:`RecordedEngine`); groups that come without
+trajectories get the record's (:class:`RecordedTrajectories`: loss masks, turns, messages,
+environment rewards, stop reasons). Either way the environment's tokens stay out of the
+replayed loss as they were out of the run's, and no mismatch is reported on them (they carry
+no behaviour log-prob).
+
 The run must have been recorded (``record_rollouts: true``) with ``max_staleness: 0``, and have
 a checkpoint at the start of the iteration (``ModelCheckpoint(every_n_train_steps=1,
 save_top_k=-1)``, or one whose step is the iteration's first).
@@ -29,10 +37,17 @@ from typing import Any
 
 import lightning as L
 import pyarrow.parquet as pq
+from lightning.pytorch.callbacks import Callback
 
-from periodic_rl.callbacks.record import GradientDigest, RolloutRecord, read_gradient_digest
+from periodic_rl.callbacks.record import (
+    GradientDigest,
+    RolloutRecord,
+    read_gradient_digest,
+    read_trajectory,
+)
+from periodic_rl.rollout.engine import sample_seed
 from periodic_rl.rollout.engines.hf_engine import HFEngine
-from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
+from periodic_rl.rollout.types import GeneratedGroup, GenerationRequest, SamplingConfig, Trajectory
 
 #: Relative difference of two gradient digests that float summation order explains.
 DIGEST_TOLERANCE = 1e-4
@@ -61,6 +76,12 @@ class RecordedEngine(HFEngine):
     completions and behaviour log-probs of the recorded group with the same prompt and seed.
     It holds and fingerprints the pushed weights as the transformers engine does.
 
+    In a multi-turn run the agent loop asks for one model turn at a time (``n = 1``, the
+    prompt followed by the trajectory so far, the turn's own seed): it gets the recorded
+    turn's tokens, and the environment answers them again, as the rewards are computed again
+    (an environment that answers otherwise than in the run leads to a prefix the record does
+    not have, and a :class:`LookupError`).
+
     Args:
         model: the run's model (loaded for the weights and their fingerprint).
         record: the record's folder.
@@ -78,23 +99,32 @@ class RecordedEngine(HFEngine):
     ) -> None:
         super().__init__(model, dtype=dtype, device=device)
         self.groups: dict[tuple[tuple[int, ...], int], tuple[list, list]] = {}
+        self.turns: dict[tuple[tuple[int, ...], int], tuple[list[int], list[float]]] = {}
         for row in read_rows(record_files(record, iteration)):
             key = (tuple(row["prompt_ids"]), row["seed"])
             completions, logprobs = self.groups.setdefault(key, ([], []))
             completions.append((row["sample"], row["completion_ids"]))
             logprobs.append((row["sample"], row["behaviour_logprobs"] or []))
+            self.turns.update(recorded_turns(row))
 
     def generate_with_logprobs(
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[tuple[list[list[int]], list[list[float]]]]:
         out = []
         for request in requests:
-            found = self.groups.get((tuple(request.prompt_ids), request.seed))
+            key = (tuple(request.prompt_ids), request.seed)
+            found = self.groups.get(key)
+            turn = self.turns.get(key) if request.n == 1 else None
+            if turn is not None:  # a group has at least 2 completions
+                tokens, values = turn
+                out.append(([tokens], [values] if values else []))
+                continue
             if found is None or len(found[0]) != request.n:
                 raise LookupError(
-                    f"the record has no group of {request.n} completions for a prompt of "
-                    f"{len(request.prompt_ids)} tokens with seed {request.seed}: replay with the "
-                    "run's own configuration (data, seed, num_generations) and its checkpoint"
+                    f"the record has no group of {request.n} completions (nor a model turn) for "
+                    f"a prompt of {len(request.prompt_ids)} tokens with seed {request.seed}: "
+                    "replay with the run's own configuration (data, seed, num_generations, "
+                    "agent) and its checkpoint"
                 )
             completions = [ids for _, ids in sorted(found[0])]
             logprobs = [values for _, values in sorted(found[1])]
@@ -105,6 +135,63 @@ class RecordedEngine(HFEngine):
         self, requests: list[GenerationRequest], sampling: SamplingConfig
     ) -> list[list[list[int]]]:
         return [completions for completions, _ in self.generate_with_logprobs(requests, sampling)]
+
+
+def recorded_turns(
+    row: dict[str, Any],
+) -> dict[tuple[tuple[int, ...], int], tuple[list[int], list[float]]]:
+    """Each model turn of a multi-turn record row by the request the agent loop makes for it
+    (the prompt and the trajectory before the turn, the turn's seed): its tokens and their
+    behaviour log-probs (``[]`` when the engine gave none)."""
+    if not row.get("turns"):
+        return {}
+    prompt, ids = list(row["prompt_ids"]), list(row["completion_ids"])
+    values = row["behaviour_logprobs"] or []
+    seed = sample_seed(row["seed"], row["sample"])
+    out = {}
+    for number, turn in enumerate(row["turns"], start=1):  # the agent loop's turn seeds
+        start, end = turn["start"], turn["start"] + turn["model_tokens"]
+        key = (tuple(prompt + ids[:start]), sample_seed(seed, number))
+        out[key] = (ids[start:end], list(values[start:end]))
+    return out
+
+
+class RecordedTrajectories(Callback):
+    """Gives each generated group of a replay that comes without trajectories the ones the
+    record holds for it (same prompt ids and seed, as :class:`RecordedEngine` finds its
+    completions): the module's scorer is wrapped at the start of the fit, so the groups it
+    scores carry them. The groups of a run with an agent loop have their own (the loop replays
+    them turn by turn); a group the record has as single-turn is left as it is."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        found: dict[tuple[tuple[int, ...], int], list[tuple[int, Trajectory]]] = {}
+        for row in rows:
+            trajectory = read_trajectory(row)
+            if trajectory is not None:
+                key = (tuple(row["prompt_ids"]), row["seed"])
+                found.setdefault(key, []).append((row["sample"], trajectory))
+        self.trajectories = {
+            key: [t for _, t in sorted(pairs, key=lambda pair: pair[0])]
+            for key, pairs in found.items()
+        }
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        scorer = pl_module.scorer
+        score = scorer.score
+        recorded = self.trajectories
+
+        def with_trajectories(
+            generated: GeneratedGroup,
+            row: dict[str, Any],
+            prompt_ids: list[int],
+            held_out: bool = False,
+        ) -> Any:
+            found = recorded.get((tuple(prompt_ids), generated.seed))
+            if found is not None and not generated.trajectories:
+                generated.trajectories = list(found)
+            return score(generated, row, prompt_ids, held_out)
+
+        scorer.score = with_trajectories  # this fit's scorer only: setup builds a new one
 
 
 @dataclass
@@ -230,6 +317,7 @@ def replay(
     steps = module.hparams.get("num_iterations", 1)
     with tempfile.TemporaryDirectory(prefix="periodic_rl_replay_") as folder:
         again = RolloutRecord(dirpath=folder)
+        trajectories = RecordedTrajectories(read_rows(recorded_files))
         trainer = L.Trainer(
             strategy=PeriodicAsyncStrategy(
                 engine="periodic_rl.provenance.replay:RecordedEngine",
@@ -244,7 +332,7 @@ def replay(
             enable_model_summary=False,
             num_sanity_val_steps=0,
             limit_val_batches=0,
-            callbacks=[again],
+            callbacks=[again, trajectories],
         )
         if seed is not None:
             L.seed_everything(seed, verbose=False)
@@ -291,12 +379,15 @@ def compare(
         if other["reward"] != row["reward"]:
             report.reward_differences.append((*key, row["reward"], other["reward"]))
         trainer = other["trainer_logprobs"] or []
+        trajectory = read_trajectory(row)
         if row["trainer_logprobs"]:
             diffs = [abs(a - b) for a, b in zip(row["trainer_logprobs"], trainer, strict=True)]
             report.trainer_logprob_difference = max([report.trainer_logprob_difference, *diffs])
         for position, (behaviour, value) in enumerate(
             zip(row["behaviour_logprobs"] or [], trainer, strict=False)
         ):
+            if trajectory is not None and not trajectory.loss_mask[position]:
+                continue  # an environment token: not sampled, no behaviour log-prob
             if abs(value - behaviour) > token_tolerance:
                 report.token_mismatches.append(TokenMismatch(*key, position, behaviour, value))
     return report

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+from periodic_rl.agents.config import AgentConfig
 from periodic_rl.rollout.backend import RolloutBackend
 from periodic_rl.rollout.device_defaults import RolloutSettings, resolve_rollout
 from periodic_rl.rollout.options import RolloutOptions
@@ -85,6 +86,7 @@ class RolloutController:
         link: Callable[[], RankLink],
         settings: RolloutSettings | None = None,
         tuning: HardwareTuning | None = None,
+        agent: AgentConfig | None = None,
     ) -> None:
         """Connect the ranks (once: ``link`` is a collective) and start the engines on rank 0
         (again after a :meth:`shutdown`, e.g. ``trainer.validate`` after ``trainer.fit``).
@@ -92,23 +94,27 @@ class RolloutController:
         ``settings``: the options with the training device's defaults filled in
         (:func:`~periodic_rl.rollout.device_defaults.resolve_rollout`; default: a CPU run);
         ``tuning``: the run's hardware tuner (:mod:`periodic_rl.rollout.tuning`), whose hooks
-        the pipeline calls."""
+        the pipeline calls; ``agent``: multi-turn rollouts (:mod:`periodic_rl.agents`)."""
         if tuning is not None:
             self.tuning = tuning
         if not self._connected:
             self.link, self._connected = link(), True
         if self.link.rank == 0 and self.backend is None:
             self.backend = self._build_backend(
-                model_path, settings or resolve_rollout(self.options, "cpu")
+                model_path, settings or resolve_rollout(self.options, "cpu"), agent
             )
 
-    def _build_backend(self, model_path: str, settings: RolloutSettings) -> RolloutBackend:
+    def _build_backend(
+        self, model_path: str, settings: RolloutSettings, agent: AgentConfig | None
+    ) -> RolloutBackend:
         o = self.options
         spec = EngineSpec(kind=o.engine, model=model_path, kwargs=settings.engine_kwargs)
         if not o.use_ray:
+            from periodic_rl.agents.build import model_agent_loop
             from periodic_rl.rollout.local import LocalRollouts
 
-            return LocalRollouts(spec.build(), spans=self.spans)
+            loop = model_agent_loop(agent, model_path) if agent is not None else None
+            return LocalRollouts(spec.build(), spans=self.spans, agent_loop=loop)
 
         from periodic_rl.rollout.workers.rollouts import RayRollouts
 
@@ -131,6 +137,7 @@ class RolloutController:
             worker_tuning=self.tuning.worker_tuning(),
             call_timeout_s=o.call_timeout_s,
             spans=self.spans,
+            agent=agent,
             # vLLM logs two harmless warnings and three info lines per weight push (rotary and
             # tied lm_head have nothing to load); set VLLM_LOGGING_LEVEL=INFO to see them.
             env_vars={"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")},

@@ -121,6 +121,8 @@ class SpareJobs:
         encode: a row's prompt token ids.
         n: samples per group.
         seed: ``seed(index)``: the group seed of job ``index``.
+        job_row: what a job carries of its row (multi-turn rollouts:
+            :meth:`~periodic_rl.RLModule.rollout_row`); default none.
     """
 
     def __init__(
@@ -130,9 +132,10 @@ class SpareJobs:
         encode: Callable[[Any], list[int]],
         n: int,
         seed: Callable[[int], int],
+        job_row: Callable[[Any], dict[str, Any] | None] = lambda row: None,
     ) -> None:
         self.first_index, self._row, self._encode = first_index, row, encode
-        self.n, self._seed = n, seed
+        self.n, self._seed, self._job_row = n, seed, job_row
         self._made: dict[int, tuple[Any, list[int]]] = {}
 
     def __call__(self, s: int) -> GroupJob:
@@ -140,8 +143,9 @@ class SpareJobs:
         if index not in self._made:
             row = self._row(s)
             self._made[index] = (row, self._encode(row))
+        row, ids = self._made[index]
         return GroupJob(
-            index=index, prompt_ids=self._made[index][1], n=self.n, seed=self._seed(index)
+            index=index, prompt_ids=ids, n=self.n, seed=self._seed(index), row=self._job_row(row)
         )
 
     def is_spare(self, index: int) -> bool:

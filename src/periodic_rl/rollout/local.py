@@ -8,8 +8,10 @@ from collections.abc import Iterator
 
 import torch
 
+from periodic_rl.agents.build import run_jobs
+from periodic_rl.agents.loop import AgentLoop
 from periodic_rl.rollout.backend import JobSource
-from periodic_rl.rollout.engine import InferenceEngine, generate_groups
+from periodic_rl.rollout.engine import InferenceEngine
 from periodic_rl.rollout.timing import SpanRecorder, worker_lane
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
@@ -26,8 +28,14 @@ class LocalRollouts:
     compared with.
     """
 
-    def __init__(self, engine: InferenceEngine, spans: SpanRecorder | None = None) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        spans: SpanRecorder | None = None,
+        agent_loop: AgentLoop | None = None,
+    ) -> None:
         self.engine = engine
+        self.agent_loop = agent_loop  # multi-turn rollouts (periodic_rl.agents)
         self.spans = spans if spans is not None else SpanRecorder()
         self.version = -1
         self.fingerprint = ""
@@ -100,23 +108,26 @@ class LocalRollouts:
         self, jobs: list[GroupJob], sampling: SamplingConfig, cancel: threading.Event | None
     ) -> Iterator[GeneratedGroup]:
         started = time.time()
-        outputs = generate_groups(self.engine, [job.request() for job in jobs], sampling)
+        outputs = run_jobs(self.engine, jobs, sampling, self.agent_loop)
         finished = time.time()
         self.spans.add("generate", worker_lane(0), started, finished)
-        for job, (completions, logprobs) in zip(jobs, outputs, strict=True):
+        for job, out in zip(jobs, outputs, strict=True):
             if cancel is not None and cancel.is_set():
                 return
             yield GeneratedGroup(
                 index=job.index,
-                completion_ids=completions,
+                completion_ids=out.completions,
                 version=self.version,
                 fingerprint=self.fingerprint,
                 worker=0,
                 seed=job.seed,
                 started=started,
                 finished=finished,
-                logprobs=logprobs,
+                logprobs=out.logprobs,
+                trajectories=out.trajectories,
             )
 
     def shutdown(self) -> None:
+        if self.agent_loop is not None:
+            self.agent_loop.close()
         self.engine.shutdown()

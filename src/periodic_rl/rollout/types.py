@@ -82,6 +82,47 @@ class GenerationRequest:
     seed: int
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One model turn of a multi-turn trajectory and what the environment answered.
+
+    ``start`` is the offset, in the trajectory's response ids, of the turn's first model token;
+    the model's ``model_tokens`` tokens are followed by ``env_tokens`` environment tokens (tool
+    replies or observations, rendered with the chat template; 0 after the last turn).
+    """
+
+    start: int
+    model_tokens: int
+    env_tokens: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    tool_seconds: float = 0.0
+    env_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What a multi-turn sample carries besides its response token ids.
+
+    The response ids of a trajectory hold the model's tokens of every turn and, between them,
+    the environment's tokens. ``loss_mask`` has one entry per response token: 1 on the model's
+    tokens (trained), 0 on the environment's (context only). ``messages`` is the conversation
+    after the prompt (the model's turns as it wrote them, the environment's replies), for
+    rewards and the rollout record. ``env_reward`` is the sum of the rewards the environment
+    returned (``None``: it returned none). ``stop`` says why the trajectory ended: ``"done"``
+    (the environment said so, or the model answered without calling a tool), ``"max_turns"``,
+    ``"token_budget"`` (the model's token budget over the trajectory is spent) or ``"length"``
+    (a response cap cut the last turn).
+    """
+
+    loss_mask: list[int]
+    turns: tuple[Turn, ...]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    env_reward: float | None = None
+    stop: str = "done"
+
+
 @dataclass
 class RolloutGroup:
     """A finished prompt group: one prompt, its G completions, their rewards and advantages.
@@ -106,16 +147,27 @@ class RolloutGroup:
     worker: int = 0
     truncated: list[bool] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+    def loss_masks(self) -> list[list[int]] | None:
+        """Per completion, 1 on the tokens trained and 0 on environment tokens; ``None`` for a
+        single-turn group (every completion token is the model's)."""
+        return [t.loss_mask for t in self.trajectories] if self.trajectories else None
 
 
 @dataclass(frozen=True)
 class GroupJob:
-    """A prompt group to generate in an iteration; ``index`` is its place in the iteration."""
+    """A prompt group to generate in an iteration; ``index`` is its place in the iteration.
+
+    ``row``: the dataset row's columns besides the prompt, for the environments of multi-turn
+    rollouts (``reset(**row)``); ``None`` for single-turn generation.
+    """
 
     index: int
     prompt_ids: list[int]
     n: int
     seed: int
+    row: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def request(self) -> GenerationRequest:
         return GenerationRequest(prompt_ids=self.prompt_ids, n=self.n, seed=self.seed)
@@ -127,7 +179,9 @@ class GeneratedGroup:
 
     ``logprobs`` are the *behaviour* log-probs: for each completion, the log-prob of each of its
     tokens under the distribution the engine sampled it from (one float per token id), or ``[]``
-    when the engine gave none (see :func:`behaviour_logprobs`).
+    when the engine gave none (see :func:`behaviour_logprobs`). In a multi-turn group the
+    environment's tokens carry ``0.0`` there (they were not sampled; their loss mask is 0), and
+    ``trajectories`` holds one :class:`Trajectory` per completion (``[]``: single-turn).
     """
 
     index: int
@@ -139,6 +193,7 @@ class GeneratedGroup:
     started: float = 0.0
     finished: float = 0.0
     logprobs: list[list[float]] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
 
 
 def behaviour_logprobs(

@@ -179,8 +179,9 @@ class RolloutsMixin:
             )
         self.tuning.before_setup(self)
         super().setup(trainer)  # type: ignore[misc]
+        module = self.lightning_module
         self.rollouts.start(
-            self.lightning_module.model_path, rank_link, self.rollout_settings, self.tuning
+            module.model_path, rank_link, self.rollout_settings, self.tuning, module.agent_config
         )
         if pending:  # rank 0's choice on every rank (a collective: all ranks are pending)
             dtype = self.rollouts.options.engine_kwargs.get("dtype")

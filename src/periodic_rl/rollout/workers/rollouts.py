@@ -36,7 +36,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from periodic_rl.compat.ray import actor_failed_in_init
 from periodic_rl.rollout.processes import gather_within, reap, remove_unused_shm
@@ -61,6 +61,9 @@ from periodic_rl.rollout.workers.slots import (
     WorkerHungError,
 )
 from periodic_rl.rollout.workers.worker import remote_worker
+
+if TYPE_CHECKING:
+    from periodic_rl.agents.config import AgentConfig
 
 __all__ = ["GeneratedGroup", "GroupJob", "RayRollouts"]
 
@@ -108,6 +111,8 @@ class RayRollouts(WeightPushes, StreamedGeneration):
             (:meth:`~periodic_rl.rollout.tuning.HardwareTuning.weight_load_cores`).
         worker_tuning: what each worker runs its weight loads in (the hardware tuner's part in
             the workers: :class:`~periodic_rl.rollout.tuning.WorkerTuning`).
+        agent: multi-turn rollouts: each worker runs its jobs through an agent loop built from
+            it (:mod:`periodic_rl.agents`); ``None``: one completion per sample.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         ray_init_kwargs: dict[str, Any] | None = None,
         weight_load_cores: Callable[[], list[int] | None] | None = None,
         worker_tuning: WorkerTuning | None = None,
+        agent: AgentConfig | None = None,
     ) -> None:
         if not isinstance(engine, EngineSpec):
             raise TypeError(f"engine must be an EngineSpec, got {type(engine).__name__}")
@@ -157,6 +163,7 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         self.ray_init_kwargs = dict(ray_init_kwargs or {})
         self.weight_load_cores = weight_load_cores
         self.worker_tuning = worker_tuning if worker_tuning is not None else WorkerTuning()
+        self.agent = agent
         self._slots = [
             Slot(i, list(worker_cores[i]) if worker_cores else None) for i in range(num_workers)
         ]
@@ -223,7 +230,7 @@ class RayRollouts(WeightPushes, StreamedGeneration):
         placed = self._placement.options(slot.index) if self._placement else {}  # its bundle
         slot.actor = self._actor_class.options(
             runtime_env=worker_runtime_env(self.pythonpath, self.env_vars), **placed
-        ).remote(slot.index, self.spec, slot.cores, self.worker_tuning)
+        ).remote(slot.index, self.spec, slot.cores, self.worker_tuning, self.agent)
         slot.incarnation += 1
         slot.in_flight = 0
         args = weights.warm_up_args() if weights is not None else (None, None)

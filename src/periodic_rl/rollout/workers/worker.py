@@ -36,6 +36,8 @@ from periodic_rl.weight_sync.shared_memory import SharedPush, SharedWeightsReade
 from periodic_rl.weight_sync.transport import from_payload
 
 if TYPE_CHECKING:
+    from periodic_rl.agents.config import AgentConfig
+    from periodic_rl.agents.loop import AgentLoop
     from periodic_rl.rollout.engine import InferenceEngine
     from periodic_rl.weight_sync.broadcast import BroadcastPlan, GroupAddress, WeightGroup
 
@@ -67,6 +69,8 @@ class RolloutWorker:
         spec: the engine to build.
         cores: CPU cores to pin this process (and its engine's threads) to; ``None`` leaves
             placement to the OS and Ray (which sets ``OMP_NUM_THREADS`` from ``num_cpus``).
+        agent: multi-turn rollouts: the worker runs its jobs through an agent loop
+            (:mod:`periodic_rl.agents`); ``None``: one completion per sample.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class RolloutWorker:
         spec: EngineSpec,
         cores: list[int] | None = None,
         tuning: WorkerTuning | None = None,
+        agent: AgentConfig | None = None,
     ) -> None:
         started = time.time()
         self.worker_id = worker_id
@@ -89,8 +94,12 @@ class RolloutWorker:
         self.engine: InferenceEngine | None = spec.build()
         self.version: int | None = None  # None: the weights the engine was built from
         self._fingerprint = self.engine.fingerprint()
-        from periodic_rl.weight_sync.merge import AdapterLoader  # imports torch: after pinning
+        from periodic_rl.agents.build import model_agent_loop  # imports torch: after pinning
+        from periodic_rl.weight_sync.merge import AdapterLoader
 
+        self.agent_loop: AgentLoop | None = (
+            model_agent_loop(agent, spec.model) if agent is not None else None
+        )
         self._adapter = AdapterLoader()
         self._shared_weights = SharedWeightsReader()  # the trainer's, mapped once
         self._weight_group: WeightGroup | None = None  # push_transport="broadcast"
@@ -145,9 +154,9 @@ class RolloutWorker:
         rollout can never silently come from other weights than its caller believes. Each
         group carries the engine's behaviour log-probs
         (:func:`~periodic_rl.rollout.engine.generate_groups`; ``[]`` from an engine that gives
-        none).
+        none) and, in multi-turn rollouts, its trajectories.
         """
-        from periodic_rl.rollout.engine import generate_groups  # torch: loaded by the engine
+        from periodic_rl.agents.build import run_jobs  # torch: loaded by the engine
 
         engine = self._engine()
         if self.version is not None and version != self.version:
@@ -156,21 +165,22 @@ class RolloutWorker:
                 f"asked to generate for version {version}"
             )
         started = time.time()
-        outputs = generate_groups(engine, [job.request() for job in jobs], sampling)
+        outputs = run_jobs(engine, jobs, sampling, self.agent_loop)
         finished = time.time()
         return [
             GeneratedGroup(
                 index=job.index,
-                completion_ids=completions,
+                completion_ids=out.completions,
                 version=version,
                 fingerprint=self._fingerprint,
                 worker=self.worker_id,
                 seed=job.seed,
                 started=started,
                 finished=finished,
-                logprobs=logprobs,
+                logprobs=out.logprobs,
+                trajectories=out.trajectories,
             )
-            for job, (completions, logprobs) in zip(jobs, outputs, strict=True)
+            for job, out in zip(jobs, outputs, strict=True)
         ]
 
     def load_weights(
@@ -329,6 +339,8 @@ class RolloutWorker:
         family = descendants(me)
         files = shm_files([me, *(pid for pid, _ in family)], LEFTOVER_SHM_PREFIXES)
         self.leave_weight_group()
+        if self.agent_loop is not None:
+            self.agent_loop.close()
         if self.engine is not None:
             try:
                 self.engine.shutdown()
