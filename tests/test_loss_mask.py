@@ -250,3 +250,23 @@ def test_missing_behaviour_counts_model_tokens_only(tiny_llama_path):
     mismatch = {k: v for k, v in stats.metrics().items() if k.startswith("mismatch/")}
     assert mismatch == {"mismatch/missing_tokens": model_tokens(stats.groups)}
     assert model_tokens(stats.groups) < stats.num_tokens
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_the_loss_has_exactly_zero_gradient_on_environment_tokens(loss_type):
+    """The gradient of the loss with respect to the log-probs of environment tokens is exactly
+    zero (with the KL term on, and advantages large), so nothing of a tool reply is trained."""
+    from periodic_rl.algorithms.losses import loss_numerator, per_token_policy_loss
+
+    masks = [[0, 0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 0, 1]]
+    groups = [group(0, [[5] * 7, [6] * 7], masks)]
+    mask = apply_loss_masks(torch.ones(2, 7), groups)
+    logps = (-torch.rand(2, 7, dtype=torch.float64)).requires_grad_()
+    per_token, _ = per_token_policy_loss(
+        logps, logps.detach() - 0.1, torch.tensor([3.0, -2.0], dtype=torch.float64), mask,
+        epsilon=0.2, epsilon_high=0.28, beta=0.5, ref_logps=logps.detach() + 0.3,
+    )  # fmt: skip
+    loss_numerator(per_token, mask, loss_type).backward()
+    environment = mask == 0
+    assert torch.count_nonzero(logps.grad[environment]) == 0
+    assert torch.count_nonzero(logps.grad[~environment]) == int((~environment).sum())

@@ -18,6 +18,7 @@ EXTRA_OF = {
     "gguf": "demo",
     "math_verify": "math",
     "reasoning_gym": "reasoning-gym",
+    "textarena": "agents",
     "matplotlib": "report",
     "rich": "report",
     "tensorboard": "report",

@@ -38,6 +38,8 @@ class AgentTotals:
     tool_timeouts: int = 0
     tool_seconds: float = 0.0
     env_truncated: int = 0  # environment replies cut to fit
+    agent_s: float = 0.0  # the groups' shares of their agent loops' time
+    engine_idle_s: float = 0.0  # and of the time their engines had nothing to generate
     stops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, trajectories: list[Trajectory]) -> None:
@@ -55,7 +57,9 @@ class AgentTotals:
     def metrics(self) -> dict[str, float]:
         """``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors``,
         ``agent/tool_timeouts`` and ``agent/env_truncated`` per trajectory (means),
-        ``agent/tool_latency_s`` (mean seconds per tool call, when there was one) and
+        ``agent/tool_latency_s`` (mean seconds per tool call, when there was one),
+        ``agent/engine_idle_share`` (the share of the agent loops' time the engine had nothing
+        to generate: every unfinished trajectory waited on its environment) and
         ``agent/stop/<reason>`` (share of the trajectories); none without trajectories."""
         n = self.trajectories
         if not n:
@@ -69,6 +73,8 @@ class AgentTotals:
         }
         if self.tool_calls:
             out["agent/tool_latency_s"] = self.tool_seconds / self.tool_calls
+        if self.agent_s > 0:
+            out["agent/engine_idle_share"] = self.engine_idle_s / self.agent_s
         for reason in dict.fromkeys([*STOP_REASONS, *self.stops]):
             out[f"agent/stop/{reason}"] = self.stops.get(reason, 0) / n
         return out
@@ -129,6 +135,8 @@ class IterationStats:
                         e for e, t in zip(environment, group.truncated, strict=True) if t
                     )
                 self.agent.add(group.trajectories)
+                self.agent.agent_s += group.agent_s
+                self.agent.engine_idle_s += group.engine_idle_s
             if max(group.rewards) == min(group.rewards):
                 self.zero_std_groups += 1
             for name, values in group.reward_components.items():

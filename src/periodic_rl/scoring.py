@@ -353,6 +353,8 @@ class Scorer:
             logprobs=generated.logprobs,
             truncated=truncated,
             trajectories=trajectories,
+            agent_s=generated.agent_s,
+            engine_idle_s=generated.engine_idle_s,
         )
         if self.scale_rewards != "batch":
             group.advantages = group_advantages(

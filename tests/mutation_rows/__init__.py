@@ -7,6 +7,7 @@ ids relative to the repository root.
 
 from __future__ import annotations
 
+from mutation_rows.agents import ROWS as AGENT_ROWS
 from mutation_rows.architecture import ROWS as ARCHITECTURE_ROWS
 from mutation_rows.base import Mutation
 from mutation_rows.config import ROWS as CONFIG_ROWS
@@ -28,6 +29,7 @@ from mutation_rows.training import ROWS as TRAINING_ROWS
 
 MUTATIONS: list[Mutation] = [
     *TRAINING_ROWS,
+    *AGENT_ROWS,
     *ROLLOUT_ROWS,
     *SPLIT_ROWS,
     *STRATEGY_ROWS,

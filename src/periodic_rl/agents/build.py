@@ -25,7 +25,7 @@ def toolset(config: AgentConfig) -> Toolset | None:
     tools = Toolset.from_functions(functions)
     if config.environment_factory is not None:
         factory = resolve(config.environment_factory, "environment_factory")
-        tools = tools.merged(Toolset.from_object(_schema_instance(factory)))
+        tools = tools.merged(Toolset.from_object(_schema_instance(factory, config)))
     return tools
 
 
@@ -60,8 +60,10 @@ def agent_loop(config: AgentConfig, tokenizer: Any, eos_token_ids: set[int]) -> 
             shared, config.tool_workers, config.tool_timeout_s, config.on_tool_error
         )
 
+        kwargs = config.environment_kwargs
+
         def handlers() -> TurnHandler:
-            instance = factory() if factory is not None else None
+            instance = factory(**kwargs) if factory is not None else None
             tools = shared if instance is None else shared.merged(Toolset.from_object(instance))
             return ToolHandler(runner, call_format, tools, instance)
 
@@ -69,7 +71,7 @@ def agent_loop(config: AgentConfig, tokenizer: Any, eos_token_ids: set[int]) -> 
         environment = resolve(config.environment, "environment")
 
         def handlers() -> TurnHandler:
-            return EnvironmentHandler(environment())
+            return EnvironmentHandler(environment(**config.environment_kwargs))
 
     return AgentLoop(
         chat,
@@ -113,11 +115,11 @@ def run_jobs(
     return [GroupOutput(completions, logprobs, []) for completions, logprobs in outputs]
 
 
-def _schema_instance(factory: Any) -> Any:
+def _schema_instance(factory: Any, config: AgentConfig) -> Any:
     """An instance of ``factory`` to read the tool schemas from (TRL's environment classes
     take no constructor arguments)."""
     try:
-        return factory()
+        return factory(**config.environment_kwargs)
     except TypeError as error:
         raise TypeError(
             f"environment_factory {factory!r} must be callable without arguments (one instance "

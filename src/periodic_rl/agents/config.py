@@ -59,6 +59,9 @@ class AgentConfig:
         environment: a class or factory (or path) of an
             :class:`~periodic_rl.agents.environment.Environment`, one per trajectory. Not
             together with ``tools`` or ``environment_factory``.
+        environment_kwargs: keyword arguments of ``environment`` (or ``environment_factory``)
+            when it builds each instance (e.g. ``{"env_id": "Wordle-v0"}`` for
+            :class:`~periodic_rl.agents.textarena.TextArenaGame`).
         max_turns: model turns per trajectory, at least 1.
         max_turn_tokens: a model turn still going after this many tokens is cut there and
             answered like one that ended (``None``: a turn ends at its end token, or when the
@@ -80,6 +83,7 @@ class AgentConfig:
     tools: list[Callable[..., Any] | str] = field(default_factory=list)
     environment_factory: Callable[[], Any] | str | None = None
     environment: Callable[[], Any] | str | None = None
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 4
     max_turn_tokens: int | None = None
     max_tool_response_tokens: int = 256
@@ -91,6 +95,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", list(self.tools or []))
+        object.__setattr__(self, "environment_kwargs", dict(self.environment_kwargs or {}))
         if self.environment is not None and (self.tools or self.environment_factory):
             raise ValueError(
                 "AgentConfig: give either tools / environment_factory (the model calls tools) or "

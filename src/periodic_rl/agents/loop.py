@@ -37,6 +37,8 @@ class GroupOutput:
     completions: list[list[int]]
     logprobs: list[list[float]]
     trajectories: list[Trajectory]
+    agent_s: float = 0.0
+    engine_idle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,11 @@ class AgentLoop:
                     pending[self.pool.submit(self._step, state)] = state
                 ready = []
         self.last_stats = LoopStats(time.monotonic() - started, waited)
-        return [self._output(job, states) for job in jobs]
+        outputs = [self._output(job, states) for job in jobs]
+        for out in outputs:  # each group's share of the call
+            out.agent_s = self.last_stats.seconds / len(outputs)
+            out.engine_idle_s = waited / len(outputs)
+        return outputs
 
     def close(self) -> None:
         """Stop taking steps (a hung one is left to finish in its thread)."""

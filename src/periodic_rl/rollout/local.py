@@ -125,6 +125,8 @@ class LocalRollouts:
                 finished=finished,
                 logprobs=out.logprobs,
                 trajectories=out.trajectories,
+                agent_s=out.agent_s,
+                engine_idle_s=out.engine_idle_s,
             )
 
     def shutdown(self) -> None:

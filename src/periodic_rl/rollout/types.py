@@ -148,6 +148,8 @@ class RolloutGroup:
     truncated: list[bool] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)
+    agent_s: float = 0.0
+    engine_idle_s: float = 0.0
 
     def loss_masks(self) -> list[list[int]] | None:
         """Per completion, 1 on the tokens trained and 0 on environment tokens; ``None`` for a
@@ -181,7 +183,10 @@ class GeneratedGroup:
     tokens under the distribution the engine sampled it from (one float per token id), or ``[]``
     when the engine gave none (see :func:`behaviour_logprobs`). In a multi-turn group the
     environment's tokens carry ``0.0`` there (they were not sampled; their loss mask is 0), and
-    ``trajectories`` holds one :class:`Trajectory` per completion (``[]``: single-turn).
+    ``trajectories`` holds one :class:`Trajectory` per completion (``[]``: single-turn);
+    ``agent_s`` and ``engine_idle_s`` are the group's share of its agent loop's time and of the
+    time the engine had nothing to generate (every unfinished trajectory waiting on its
+    environment).
     """
 
     index: int
@@ -194,6 +199,8 @@ class GeneratedGroup:
     finished: float = 0.0
     logprobs: list[list[float]] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)
+    agent_s: float = 0.0
+    engine_idle_s: float = 0.0
 
 
 def behaviour_logprobs(

@@ -179,6 +179,8 @@ class RolloutWorker:
                 finished=finished,
                 logprobs=out.logprobs,
                 trajectories=out.trajectories,
+                agent_s=out.agent_s,
+                engine_idle_s=out.engine_idle_s,
             )
             for job, out in zip(jobs, outputs, strict=True)
         ]

@@ -52,6 +52,7 @@ def test_the_trained_groups_are_multi_turn_trajectories(synchronous):
         assert "environment" in group.reward_components
     metrics = module.trainer.callback_metrics
     assert metrics["agent/turns"] > 1 and metrics["rollout/masked_tokens"] > 0
+    assert 0.0 <= metrics["agent/engine_idle_share"] < 1.0
 
 
 def test_overlapped_on_ray_equals_synchronous_in_process(synchronous, tiny_llama_path, local_ray):
