@@ -194,20 +194,28 @@ def test_the_trainer_scores_the_model_tokens_as_the_engine_sampled_them(
         assert torch.allclose(trainer, torch.tensor(behaviour)[mask], atol=1e-5, rtol=0)
 
 
-#: The largest difference between vLLM's behaviour log-probs (CPU, fp32) and the trainer's on the
-#: model tokens of multi-turn trajectories (measured: see docs/agents.md).
-VLLM_LOGPROB_BOUND = 1e-3
+#: The largest difference allowed between vLLM's behaviour log-probs (CPU, fp32) and the
+#: trainer's on the model tokens of multi-turn trajectories, per model (measured: 1.9e-6 on the
+#: tiny model, 3.2e-5 on SmolLM2-135M; the test prints it): vLLM's CPU kernels sum in another
+#: order than the trainer's forward.
+VLLM_LOGPROB_BOUND = {"tiny": 1e-5, "smollm2": 1e-4}
 
 
-def test_vllm_runs_the_loop_and_its_log_probs_match_the_trainer(vllm_tiny, vllm_tiny_path):
+@pytest.mark.vllm
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.pretrained)])
+def test_vllm_runs_the_loop_and_its_log_probs_match_the_trainer(
+    model, vllm_slot, vllm_tiny_path, smollm2_path
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from periodic_rl.attention import completion_logprobs
 
-    chat = ChatRenderer(AutoTokenizer.from_pretrained(vllm_tiny_path))
+    path = vllm_tiny_path if model == "tiny" else smollm2_path
+    engine = vllm_slot.get(path)
+    chat = ChatRenderer(AutoTokenizer.from_pretrained(path))
     batch = jobs(chat, n=2)
-    outputs = make_loop(chat).run(vllm_tiny, batch, SAMPLING)
-    policy = AutoModelForCausalLM.from_pretrained(vllm_tiny_path, dtype=torch.float32)
+    outputs = make_loop(chat).run(engine, batch, SAMPLING)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     pairs = [(job.prompt_ids, o.completions) for job, o in zip(batch, outputs, strict=True)]
     logps, _, _ = completion_logprobs(
         policy, pairs, return_entropy=True, shared_prompt=False, backend="eager",
@@ -222,10 +230,10 @@ def test_vllm_runs_the_loop_and_its_log_probs_match_the_trainer(vllm_tiny, vllm_
         chat.check_whole(job.row["prompt"], trajectory.messages, job.prompt_ids + ids)
         mask = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
         gap = (logps[row, : len(behaviour)][mask] - torch.tensor(behaviour)[mask]).abs().max()
-        worst, turns = max(worst, float(gap)), turns + len(trajectory.turns)
-    print(f"\nvLLM vs trainer log-probs on model tokens: max |difference| {worst:.2e}")
+        worst, turns = max(worst, gap.item()), turns + len(trajectory.turns)
+    print(f"\nvLLM vs trainer log-probs on {model}'s model tokens: max |difference| {worst:.2e}")
     assert turns > len(outputs) * 2  # multi-turn
-    assert worst <= VLLM_LOGPROB_BOUND
+    assert worst <= VLLM_LOGPROB_BOUND[model]
 
 
 def test_agent_config_refuses_what_it_cannot_run():
