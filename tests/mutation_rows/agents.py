@@ -6,6 +6,7 @@ from mutation_rows.base import Mutation
 
 LOOP_TESTS = "tests/agents/test_loop.py"
 TOOL_LOOP_TESTS = "tests/agents/test_tool_loop.py"
+INVARIANT_TESTS = "tests/agents/test_multi_turn_invariants.py"
 
 ROWS: list[Mutation] = [
     Mutation(
@@ -49,5 +50,17 @@ ROWS: list[Mutation] = [
         old="    if long:\n",
         new="    if False:\n",
         tests=("tests/agents/test_multi_turn_training.py",),
+    ),
+    Mutation(
+        name="agent rollouts: a restarted rollout worker is built without the agent config",
+        file="src/periodic_rl/rollout/workers/rollouts.py",
+        old="        ).remote(slot.index, self.spec, slot.cores, self.worker_tuning, self.agent)\n",
+        new=(
+            "        ).remote(slot.index, self.spec, slot.cores, self.worker_tuning, "
+            "None if slot.incarnation else self.agent)\n"
+        ),
+        tests=(
+            f"{INVARIANT_TESTS}::test_worker_killed_mid_trajectory_gives_the_fault_free_update",
+        ),
     ),
 ]
