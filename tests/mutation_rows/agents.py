@@ -19,8 +19,18 @@ ROWS: list[Mutation] = [
     Mutation(
         name="agent loop: a round waits for every environment step before generating again",
         file="src/periodic_rl/agents/loop.py",
-        old="            if not ready:\n",
-        new="            if pending:\n",
+        old=(
+            "            if not ready:\n"
+            "                began = time.monotonic()\n"
+            "                wait(pending, timeout=self._next_deadline(pending), "
+            "return_when=FIRST_COMPLETED)\n"
+        ),
+        new=(
+            "            if pending:\n"
+            "                began = time.monotonic()\n"
+            "                wait(pending, timeout=self._next_deadline(pending), "
+            'return_when="ALL_COMPLETED")\n'
+        ),
         tests=(LOOP_TESTS,),
     ),
     Mutation(
