@@ -65,6 +65,20 @@ def run(request, tiny_llama_path, tmp_path_factory):
     return root, request.param
 
 
+def record_one_iteration(module: RLModule, data: PromptDataModule, root: Path) -> None:
+    """Train one recorded iteration (synchronous, in process) into ``root``, no checkpoint."""
+    trainer = L.Trainer(
+        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
+        max_steps=1,
+        default_root_dir=root,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=data)
+
+
 def checkpoint(root: Path, iteration: int) -> Path | None:
     return next((root / "ckpt").glob(f"*step={iteration}.ckpt")) if iteration else None
 
@@ -173,16 +187,7 @@ def test_replay_rebuilds_a_multi_turn_iteration(tiny_llama_path, tmp_path, monke
     is another update."""
     L.seed_everything(0, verbose=False)
     module, data = module_and_data(tiny_llama_path, None, cls=MultiTurnRun)
-    trainer = L.Trainer(
-        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
-        max_steps=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=data)
+    record_one_iteration(module, data, tmp_path)
     masked = module.last_iteration.masked_tokens
     assert masked > 0
 
@@ -218,16 +223,7 @@ def test_replay_reproduces_an_agent_loop_iteration(tiny_llama_path, tmp_path):
 
     L.seed_everything(0, verbose=False)
     module, data = build()
-    trainer = L.Trainer(
-        strategy=PeriodicAsyncStrategy(engine="hf", use_ray=False, overlap=False),
-        max_steps=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=data)
+    record_one_iteration(module, data, tmp_path)
     run = module.last_iteration
     assert max(len(t.turns) for g in run.groups for t in g.trajectories) > 1
 
