@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATED = {"report.md"}  # written by a run (FitReport), not a document of the repo
 # written by benchmarks/gpu_check_report.py from a GPU run (the repo has it once one ran)
 GENERATED |= {"gpu.md"}
+# written by benchmarks/agentic_report.py from benchmarks/results/agentic.json (likewise)
+GENERATED |= {"agentic_benchmark.md"}
 REFERENCE = re.compile(r"[\w./-]*\w\.md\b")
 
 
