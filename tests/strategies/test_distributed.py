@@ -1,11 +1,12 @@
 """Two training ranks (DDP and FSDP2 on CPU, gloo) equal one rank over the same prompts.
 
 The 2-rank fits run in one script, ``distributed_runs.py``, which Lightning's DDP launcher
-starts twice (rank 0 and rank 1); rank 0 drives one (or two) real HF rollout workers on Ray for
-both ranks. Each 2-rank run trains ``BATCH`` prompts per rank and iteration; the reference is a
-1-rank run with ``2 x BATCH`` prompts per iteration, in this process. Every comparison is of the
-parameters after the run, within ``RANKS_TOLERANCE`` (the two runs sum the same per-sequence
-gradients in different orders and average over ranks).
+starts twice (rank 0 and rank 1); rank 0 drives one (or two) real HF rollout workers for both
+ranks, on one local loopback Ray that rank 0 starts once and every fit joins. Each 2-rank run
+trains ``BATCH`` prompts per rank and iteration; the reference is a 1-rank run with
+``2 x BATCH`` prompts per iteration, in this process. Every comparison is of the parameters
+after the run, within ``RANKS_TOLERANCE`` (the two runs sum the same per-sequence gradients in
+different orders and average over ranks).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def selected_runs(session: pytest.Session) -> list[str]:
 @pytest.fixture(scope="module")
 def two_rank_runs(tiny_llama_path, tmp_path_factory, request) -> Path:
     """The 2-rank fits the selected tests need, in one launch of the script (all of them:
-    ~3.5 min on 2 cores; ~30 s per fit after the first)."""
+    ~2 min on 2 cores; ~10 s per fit after the first, most of it starting the rollout workers:
+    the fits share one Ray)."""
     out = tmp_path_factory.mktemp("two-ranks")
     done = subprocess.run(
         [sys.executable, str(SCRIPT), tiny_llama_path, str(out), *selected_runs(request.session)],
@@ -113,8 +115,8 @@ def test_each_rank_trains_on_its_own_groups(two_rank_runs):
 
 @runs("full-overlap")
 def test_a_two_rank_run_listens_on_loopback_only(two_rank_runs):
-    """Mid-run, no process of the run (both ranks' rendezvous and gloo connections, Ray, the
-    rollout workers) listens beyond loopback."""
+    """Mid-run, no process of the run (both ranks' rendezvous and gloo connections, the Ray
+    that rank 0 started for all the fits, the rollout workers) listens beyond loopback."""
     from periodic_rl.compat.torch_distributed import is_loopback
 
     addresses = [
