@@ -79,7 +79,6 @@ def same(a, b) -> bool:
 
 def test_trainer_killed_mid_iteration_resumes_as_if_never_killed(tiny_llama_path, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference = fit(tiny_llama_path, straight)  # meanwhile: the run that is killed
     run = fit(tiny_llama_path, killed, "--block-at", str(KILLED_AFTER))
     try:
         wait_for(killed / "blocked", run)
@@ -93,6 +92,8 @@ def test_trainer_killed_mid_iteration_resumes_as_if_never_killed(tiny_llama_path
         if run.poll() is None:
             run.kill()
     killed_at = time.monotonic()
+    # The uninterrupted run and the resumed one train while Ray's agents of the killed run exit.
+    reference = fit(tiny_llama_path, straight)
     # Generous bounds, not speed requirements. The rollout worker dies with its raylet,
     # which dies with the driver; Ray's two agents (dashboard, runtime env) see the raylet
     # die at once but first try to report it to the dead GCS, which takes about 60 s.
@@ -103,7 +104,7 @@ def test_trainer_killed_mid_iteration_resumes_as_if_never_killed(tiny_llama_path
     assert not (killed / "result.pt").exists()  # it really died mid-run
     assert len(steps(killed)) == KILLED_AFTER + 1  # and inside the next iteration
 
-    finish(fit(tiny_llama_path, killed, "--resume"))  # while Ray's agents of the killed run exit
+    finish(fit(tiny_llama_path, killed, "--resume"))
     finish(reference)
     assert alive(family, within_s=120) == [], "processes of the killed trainer left running"
     print(f"\nkilled trainer: rollout worker gone within {workers_gone:.1f} s, all "
