@@ -29,12 +29,13 @@ demo: $(STAMP)
 	$(VENV)/bin/periodic-rl fit --config examples/arithmetic.yaml
 
 # Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them: its
-# module-scoped fits are shared by its tests. Each process may start a Ray and a vLLM engine.
+# module-scoped fits are shared by its tests; the slowest files go first (tests/conftest.py).
+# Each process may start a Ray and a vLLM engine.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # periodic-rl verify on the demo's own configuration: overlapped against synchronous (minutes).
 verify-demo: $(STAMP)

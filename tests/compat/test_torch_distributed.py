@@ -12,7 +12,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, socket, sys
+    import json, os, random, socket, sys
     import psutil, torch, torch.distributed as dist
     import torch.multiprocessing as mp
     from periodic_rl.compat.torch_distributed import is_loopback, loopback_rendezvous
@@ -35,11 +35,27 @@ SCRIPT = textwrap.dedent(
             json.dump({"sum": value.item(), "listening": listening}, handle)
         dist.destroy_process_group()
 
+    def free_port(rng):
+        # free now, and below the kernel's ephemeral range: no outgoing connection of another
+        # process can take it before the ranks bind it
+        while True:
+            port = rng.randrange(20000, 32000)
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+
     if __name__ == "__main__":
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        mp.spawn(run, args=(port, sys.argv[1] == "fix", sys.argv[2]), nprocs=2)
+        rng = random.Random(os.getpid())
+        for attempt in range(5):  # another listener may still bind the port meanwhile
+            try:
+                mp.spawn(run, args=(free_port(rng), sys.argv[1] == "fix", sys.argv[2]), nprocs=2)
+                break
+            except mp.ProcessRaisedException as error:
+                if "Address already in use" not in str(error) or attempt == 4:
+                    raise
     """
 )
 
