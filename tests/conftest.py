@@ -167,10 +167,13 @@ def vllm_tiny(vllm_slot, vllm_tiny_path) -> Any:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    """A local Ray of 2 CPUs for the module's tests, without dashboard or driver logs."""
+    """A local Ray of 2 CPUs for the module's tests, without dashboard or driver logs, started
+    as the library starts its own (on loopback, every core)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from periodic_rl.rollout.workers.placement import init_ray, ray_init_args
+
+    init_ray(ray_init_args(None, {"num_cpus": 2, "log_to_driver": False}), None)
     yield
     ray.shutdown()
 
