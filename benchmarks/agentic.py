@@ -65,10 +65,12 @@ from child_runs import run_child, wait_for_quiet  # noqa: E402
 from common import (  # noqa: E402
     RESULTS_DIR,
     bare_trainer,
+    iteration_clock,
     load_average,
     machine_info,
     now_iso,
     package_version,
+    trl_step_clock,
     write_json,
 )
 
@@ -328,7 +330,7 @@ def run_trl(config: dict[str, Any], began: float) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback, set_seed
+    from transformers import AutoModelForCausalLM, set_seed
     from trl import GRPOConfig, GRPOTrainer
 
     from periodic_rl.models import load_tokenizer
@@ -372,18 +374,7 @@ def run_trl(config: dict[str, Any], began: float) -> dict[str, Any]:
     tokenizer.chat_template = agentic_env.qwen25_template()
     model = AutoModelForCausalLM.from_pretrained(config["model_path"], dtype=torch.float32)
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.begin: list[float] = []
-            self.end: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.begin.append(time.time())
-
-        def on_step_end(self, args, state, control, **kw):
-            self.end.append(time.time())
-
-    clock = Clock()
+    clock = trl_step_clock()
     samples: list[dict[str, Any]] = []  # each iteration's first trajectory, to read
 
     def correct_answer(prompts, completions, answer, **columns):
@@ -453,7 +444,6 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     # the Ray worker imports agentic_env by name: the benchmarks folder on its PYTHONPATH
     paths = [str(BENCHMARKS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    import lightning as L
     import torch
 
     from periodic_rl import (
@@ -475,21 +465,6 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     data_file = Path(tempfile.mkdtemp(dir=config["workdir"])) / "prompts.jsonl"
     rows = rows_of(config)
     data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-    class Clock(L.Callback):
-        def __init__(self) -> None:
-            self.begin: list[float] = []
-            self.end: list[float] = []
-            self.stats: list[Any] = []
-            self.versions: list[int] = []
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.begin.append(time.time())
-            self.versions.append(trainer.strategy.policy_version)
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.end.append(time.time())
-            self.stats.append(pl_module.last_iteration)
 
     agent = AgentConfig(
         environment_factory="agentic_env:ToolDesk",
@@ -532,7 +507,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         tuning=tuning,
         device="cpu",
     )
-    clock = Clock()
+    clock = iteration_clock()
     trainer = bare_trainer(strategy, config["iterations"], [clock], precision="32-true")
     datamodule = PromptDataModule(
         str(data_file),

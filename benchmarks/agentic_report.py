@@ -14,7 +14,6 @@ run, labelled as such on the page) while there is no full run; ``--input FILE`` 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, markdown_table  # noqa: E402
+from common import REPO, markdown_table, write_page  # noqa: E402
 
 CONFIGS = {
     "trl": "TRL GRPOTrainer, environment_factory, transformers generate",
@@ -454,16 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.input = args.input or default_input()
     page = generate(json.loads(args.input.read_text()), args.input)
-    if not args.check:
-        args.output.write_text(page)
-        print(f"wrote {args.output}")
-        return 0
-    old = args.output.read_text() if args.output.exists() else ""
-    if old == page:
-        return 0
-    diff = difflib.unified_diff(old.splitlines(), page.splitlines(), "on disk", "new", lineterm="")
-    print(f"{args.output} is not current; regenerate it:", *list(diff)[:40], sep="\n")
-    return 1
+    return write_page(args.output, page, args.check)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ configuration that did not run) is left out rather than printed with a gap.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import statistics
@@ -39,7 +38,7 @@ from benchmarks_doc_text import (  # noqa: E402 - the benchmarks folder is not a
     WHAT,
     WHERE,
 )
-from common import REPO, markdown_table  # noqa: E402
+from common import REPO, markdown_table, write_page  # noqa: E402
 from vs_trl_report import (  # noqa: E402 - the benchmarks folder is not a package
     breakdown_table,
     main_tables,
@@ -422,16 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if the page is not current")
     args = p.parse_args(argv)
     page = generate({"main": args.main, "bf16": args.bf16, "scan": args.scan})
-    if not args.check:
-        args.output.write_text(page)
-        print(f"wrote {args.output}")
-        return 0
-    old = args.output.read_text() if args.output.exists() else ""
-    if old == page:
-        return 0
-    diff = difflib.unified_diff(old.splitlines(), page.splitlines(), "on disk", "new", lineterm="")
-    print(f"{args.output} is not current; regenerate it:", *list(diff)[:40], sep="\n")
-    return 1
+    return write_page(args.output, page, args.check)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ wait for a quiet moment without starting any thread pool.
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import importlib.metadata
 import json
 import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,64 @@ def bare_trainer(strategy: Any, max_steps: int, callbacks: list[Any], **kwargs: 
         callbacks=callbacks,
         **kwargs,
     )
+
+
+def iteration_clock() -> Any:
+    """A Lightning callback recording, per iteration (one training batch), when it began and
+    ended (``begin``, ``end``), the policy version it began at (``versions``) and the module's
+    record of it (``stats``: ``last_iteration``)."""
+    import lightning as L
+
+    class IterationClock(L.Callback):
+        def __init__(self) -> None:
+            self.begin: list[float] = []
+            self.end: list[float] = []
+            self.stats: list[Any] = []
+            self.versions: list[int] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.begin.append(time.time())
+            self.versions.append(trainer.strategy.policy_version)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.end.append(time.time())
+            self.stats.append(pl_module.last_iteration)
+
+    return IterationClock()
+
+
+def trl_step_clock() -> Any:
+    """A transformers ``TrainerCallback`` recording when each of TRL's steps (an iteration)
+    began and ended (``begin``, ``end``)."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin: list[float] = []
+            self.end: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.begin.append(time.time())
+
+        def on_step_end(self, args, state, control, **kw):
+            self.end.append(time.time())
+
+    return StepClock()
+
+
+def write_page(output: Path, page: str, check: bool) -> int:
+    """Write a generated page; with ``check``, compare instead: 1 (and the start of the
+    difference) when the page on disk is not ``page``."""
+    if not check:
+        output.write_text(page)
+        print(f"wrote {output}")
+        return 0
+    old = output.read_text() if output.exists() else ""
+    if old == page:
+        return 0
+    diff = difflib.unified_diff(old.splitlines(), page.splitlines(), "on disk", "new", lineterm="")
+    print(f"{output} is not current; regenerate it:", *list(diff)[:40], sep="\n")
+    return 1
 
 
 def demo_settings(max_new_tokens: int = 24) -> dict[str, Any]:

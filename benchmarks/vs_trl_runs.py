@@ -19,7 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from common import bare_trainer  # the benchmarks folder is on sys.path: vs_trl.py's
+# the benchmarks folder is on sys.path: vs_trl.py's
+from common import bare_trainer, iteration_clock, trl_step_clock
 
 CONFIGS = {
     "a": "TRL GRPOTrainer, transformers generate",
@@ -131,7 +132,7 @@ def run_trl(config: dict[str, Any], began: float) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback, set_seed
+    from transformers import AutoModelForCausalLM, set_seed
     from trl import GRPOConfig, GRPOTrainer
 
     from periodic_rl.data.arithmetic import correctness_reward, format_reward
@@ -199,18 +200,7 @@ def run_trl(config: dict[str, Any], began: float) -> dict[str, Any]:
     tokenizer = load_tokenizer(config["model_path"])
     model = AutoModelForCausalLM.from_pretrained(config["model_path"], dtype=torch.float32)
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.begin: list[float] = []
-            self.end: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.begin.append(time.time())
-
-        def on_step_end(self, args, state, control, **kw):
-            self.end.append(time.time())
-
-    clock = Clock()
+    clock = trl_step_clock()
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[format_reward_, correctness_reward_],
@@ -264,7 +254,6 @@ def run_trl(config: dict[str, Any], began: float) -> dict[str, Any]:
 
 def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
     """(c), (c2) or (d): RLModule + PeriodicAsyncStrategy with the shared settings."""
-    import lightning as L
     import torch
 
     from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
@@ -287,21 +276,6 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
             split_after=placement.get("split_after", 3),
             lend_idle_cores=placement.get("lend_idle_cores", True),  # the library's default
         )
-
-    class Clock(L.Callback):
-        def __init__(self) -> None:
-            self.begin: list[float] = []
-            self.end: list[float] = []
-            self.stats: list[Any] = []
-            self.versions: list[int] = []
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.begin.append(time.time())
-            self.versions.append(trainer.strategy.policy_version)
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.end.append(time.time())
-            self.stats.append(pl_module.last_iteration)
 
     module = RLModule(
         model=config["model_path"],
@@ -341,7 +315,7 @@ def run_periodic_rl(config: dict[str, Any], began: float) -> dict[str, Any]:
         gpus_per_worker=0.5 if cuda else 0.0,
         device="cuda:0" if cuda else "cpu",
     )
-    clock = Clock()
+    clock = iteration_clock()
     precision = "bf16-mixed" if config["precision"] == "bf16-mixed" else "32-true"
     trainer = bare_trainer(strategy, config["steps"], [clock], precision=precision)
     datamodule = PromptDataModule(
