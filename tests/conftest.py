@@ -41,6 +41,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 SLOW_FILES_FIRST = (
     "tests/strategies/test_periodic_async.py",
     "tests/strategies/test_distributed.py",
+    "tests/provenance/test_verify.py",
     "tests/rollout/test_ray_rollouts.py",
     "tests/rollout/test_faults.py",
     "tests/agents/test_multi_turn_invariants.py",

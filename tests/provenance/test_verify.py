@@ -5,10 +5,11 @@ the group."""
 
 from __future__ import annotations
 
-import os
+import importlib
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from periodic_rl import PeriodicAsyncStrategy
@@ -76,18 +77,48 @@ def test_overlapped_agrees_with_the_reference(tiny_llama_path):
     assert "verdict: AGREE" in verdict.table()
 
 
-@pytest.mark.skipif(
-    os.environ.get("PERIODIC_RL_DEMO_VERIFY") != "1",
-    reason="trains the demo's configuration twice (about 2 minutes, over the suite's budget): "
-    "make verify-demo runs it",
-)
-def test_the_demo_configuration_agrees(smollm2_path, capsys):
-    """``periodic-rl verify`` on the demo's own YAML (SmolLM2, a vLLM worker, overlapped), two
-    iterations: exit status 0, the same groups and the same parameters."""
-    main(["verify", "--config", str(DEMO), "--iterations", "2"])
+@pytest.mark.vllm
+@pytest.mark.pretrained
+def test_the_demo_configuration_agrees(smollm2_path, capsys, monkeypatch):
+    """``periodic-rl verify`` on the demo's own YAML (SmolLM2-135M, a vLLM worker on its own
+    core, overlapped), two iterations: exit status 0, the same groups and the same parameters.
+    In both runs every group of iteration *i* carries version *i* and the one fingerprint the
+    vLLM worker reported for the weights it loaded; the weights moved between the iterations
+    and from the pretrained ones."""
+    from periodic_rl.models import load_causal_lm
+
+    verify_module = importlib.import_module("periodic_rl.provenance.verify")  # not the function
+
+    runs: list[RunResult] = []
+    train = verify_module.train
+
+    def kept(config, mode):
+        runs.append(train(config, mode))
+        return runs[-1]
+
+    monkeypatch.setattr(verify_module, "train", kept)
+    main(["verify", "--config", str(DEMO), "--iterations", "2"])  # returns: exit status 0
     out = capsys.readouterr().out
     assert "verdict: AGREE" in out
     assert "versions seen per iteration                   [0]; [1]" in out
+    assert "groups alike, weights apart in the last bits  0" in out
+
+    configured, reference = runs
+    assert configured.mode.startswith("overlap=True") and reference.mode.startswith("overlap=F")
+    fingerprints = []
+    for run in runs:
+        assert [sorted(groups) for groups in run.groups] == [[0, 1, 2, 3]] * 2
+        per_iteration = []
+        for version, groups in enumerate(run.groups):
+            assert {stamp[1] for stamp in groups.values()} == {version}
+            (fingerprint,) = {stamp[2] for stamp in groups.values()}
+            per_iteration.append(fingerprint)
+        assert per_iteration[0] != per_iteration[1]  # the step's weights were pushed
+        fingerprints.append(per_iteration)
+    assert fingerprints[0] == fingerprints[1]
+    pretrained = dict(load_causal_lm(smollm2_path, dtype=torch.float32).named_parameters())
+    moved = max((configured.parameters[n] - pretrained[n]).abs().max().item() for n in pretrained)
+    assert 0 < moved < 1.0
 
 
 def test_broken_overlap_exits_1_naming_the_group(tiny_llama_path, tmp_path, capsys):
@@ -112,8 +143,6 @@ def test_a_bad_configuration_is_named(tmp_path):
 
 def test_parameters_beyond_the_tolerance_disagree_with_the_same_groups():
     """The same groups, parameters 1e-3 apart: the verdict is the tolerance's."""
-    import torch
-
     groups = [{0: (((1, 2),), 0, "f0")}, {0: (((3,),), 1, "f1")}]
     a = RunResult("a", {"w": torch.zeros(4)}, groups, [0.0, 0.0])
     b = RunResult("b", {"w": torch.full((4,), 1e-3)}, groups, [0.0, 0.0])
