@@ -3,7 +3,7 @@ taking turns, and TRL 1.16 ``GRPOTrainer`` with the same environment class.
 
 The workload (``benchmarks/agentic_env.py``): ``ToolDesk``, a class written to TRL's
 ``environment_factory`` contract, offers a sandboxed ``python`` tool (``periodic_rl.run_python``)
-and a ``calculator`` "remote service" that sleeps a seeded lognormal latency (median 0.3 s)
+and a ``calculator`` "remote service" that sleeps a seeded lognormal latency (median 2 s)
 before it answers. The prompts are ``builtin:arithmetic``'s train problems with three worked
 tool-use exchanges before them (without them SmolLM2-135M almost never calls a tool); the reward
 is 1 when the last assistant message, a reply rather than a tool call, ends in the answer.

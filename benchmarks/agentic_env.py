@@ -32,14 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: The remote service's latency: lognormal, median 0.3 s, log-sd 0.5 (mean ~0.34 s, 95th
-#: percentile ~0.68 s), capped so that no call reaches the tool timeout.
-LATENCY_MEDIAN_S = 0.3
+#: The remote service's latency: lognormal, median 2 s, log-sd 0.5 (mean ~2.3 s, 95th percentile
+#: ~4.6 s), capped so that no call reaches the tool timeout: the order of a web-search API or a
+#: hosted code sandbox answering one request, the services multi-turn RL waits on.
+LATENCY_MEDIAN_S = 2.0
 LATENCY_SIGMA = 0.5
-LATENCY_CAP_S = 3.0
+LATENCY_CAP_S = 8.0
 LATENCY_SEED = 0
 #: Each tool's own time limit (the sandbox's wall clock; the service is capped below it).
-TOOL_TIMEOUT_S = 5.0
+TOOL_TIMEOUT_S = 10.0
 
 SYSTEM_PROMPT = (
     "You are a careful assistant. Always call a tool to compute, then reply with the number alone."
