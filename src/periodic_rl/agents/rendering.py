@@ -96,6 +96,8 @@ class ChatRenderer:
         if not self.end_texts:
             raise ValueError("the tokenizer has no EOS token: pass end_texts=[...]")
         self.tools_in_system_prompt = self.tools is not None and self._ignores_tools()
+        if self.tools is not None:
+            self._check_tool_replies()
 
     @property
     def tool_call_format(self) -> ToolCallFormat:
@@ -135,8 +137,8 @@ class ChatRenderer:
         """The ids that follow ``prompt_ids(messages, add_generation_prompt=False)`` so that the
         sequence reads as ``messages + new_messages`` with the generation prompt (just the
         generation prompt when ``new_messages`` is empty)."""
-        before = self.render(messages, add_generation_prompt=False)
         after = self.render([*messages, *new_messages], add_generation_prompt=True)
+        before = self._open(self.render(messages, add_generation_prompt=False), after)
         self._require_prefix(
             before, after, "renders earlier turns differently once a new message follows"
         )
@@ -164,8 +166,8 @@ class ChatRenderer:
             raise ValueError("continuation needs the environment's new messages (none given)")
         turn = [*messages, {"role": "assistant", "content": self.strip_end(model_text)}]
         before = self.render(messages, add_generation_prompt=True)
-        with_turn = self.render(turn, add_generation_prompt=False)
         whole = self.render([*turn, *new_messages], add_generation_prompt=True)
+        with_turn = self._open(self.render(turn, add_generation_prompt=False), whole)
         self._require_prefix(
             with_turn, whole, "renders earlier turns differently once a new message follows"
         )
@@ -265,6 +267,43 @@ class ChatRenderer:
                 *conversation[1:],
             ]
         return [{"role": "system", "content": prompt}, *conversation]
+
+    def _open(self, rendering: str, continued: str) -> str:
+        """``rendering`` (made without the generation prompt) without the EOS token text that
+        some templates write after the last message only (Phi-3's), when the rendering of the
+        continued conversation has the rest of it there instead: that EOS closes the whole
+        conversation, it belongs to no turn."""
+        eos = self.tokenizer.eos_token or ""
+        if eos and rendering.endswith(eos) and not continued.startswith(rendering):
+            opened = rendering[: -len(eos)]
+            if continued.startswith(opened):
+                return opened
+        return rendering
+
+    def _check_tool_replies(self) -> None:
+        """Fail at set-up, not at a trajectory's first tool call, when the template cannot
+        render a tool's reply and a turn after it (Gemma 3's raises on a ``tool`` message;
+        Command's drops its content, then raises on the next assistant turn)."""
+        reply = "tool reply 8e1f"
+        probe = [
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+            {"role": "tool", "name": "tool", "tool_call_id": "call_0", "content": reply},
+            {"role": "assistant", "content": "B"},
+        ]
+        try:
+            text = self.render(probe[:3], add_generation_prompt=True)
+            self.render(probe, add_generation_prompt=False)
+            problem = None if reply in text else "drops the reply's content"
+        except Exception as error:  # noqa: BLE001 - any template failure, named below
+            problem = f"raises {type(error).__name__}: {error}"
+        if problem is not None:
+            raise IncrementalRenderError(
+                "this chat template cannot render a tool's reply (a 'tool' message between two "
+                f"assistant turns): it {problem}. Tools need a template with a tool role: pass "
+                "chat_template= (AgentConfig.chat_template) with one, or answer the model "
+                "through an Environment, whose observations are user messages"
+            )
 
     def _require_prefix(self, prefix: str, text: str, problem: str) -> None:
         if not text.startswith(prefix):
