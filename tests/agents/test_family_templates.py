@@ -3,15 +3,15 @@ the model families users train: Llama 3.1 and 3.2, Qwen2.5 and Qwen3, Gemma 3, P
 DeepSeek-V3, Cohere2 (Command), GLM-4-MoE and LFM2 (SmolLM2's own is in test_rendering.py).
 
 The templates in ``chat_templates/`` are the originals as their models ship them, and TRL's
-prefix-preserving training variant of Qwen3's (copied from TRL 1.16's ``trl/chat_templates``,
-Apache-2.0). Each is rendered with SmolLM2's tokenizer plus the
-family's special tokens, so that those encode as one token each, as in the family's own
-tokenizer. Two trajectories per template: the model's turn, then an environment's observation
-(a ``user`` message), then a final turn; and the same with a tool's reply (a ``tool`` message)
-where the template has a tool role. Each must either read back as the template's rendering of
-the whole conversation, token for token (the model's tokens sampled one character at a time,
-so a re-tokenization would show), or be refused with :class:`IncrementalRenderError` before any
-training: never silently different. :data:`EXPECTED` records which, per template.
+prefix- preserving training variant of Qwen3's (copied from TRL 1.16's ``trl/chat_templates``,
+Apache-2.0). Each is rendered with SmolLM2's tokenizer plus the family's special tokens, so that
+those encode as one token each, as in the family's own tokenizer. Two trajectories per template:
+the model's turn, then an environment's observation (a ``user`` message), then a final turn; and
+the same with a tool's reply (a ``tool`` message) where the template has a tool role. Each must
+either read back as the template's rendering of the whole conversation, token for token (the
+model's tokens sampled one character at a time, so a re-tokenization would show), or be refused
+with :class:`IncrementalRenderError` before any training: never silently different.
+:data:`EXPECTED` records which, per template.
 """
 
 from __future__ import annotations
@@ -136,13 +136,14 @@ def sampled(renderer: ChatRenderer, text: str, end: str) -> list[int]:
 def trajectory_outcome(tokenizer, name: str, kind: str) -> str:
     """Two model turns around an environment's reply, checked against the whole rendering
     after each: "exact", or the refusal's message."""
-    ends = FAMILIES[name].ends
+    family = FAMILIES[name]
+    ends = family.ends
     try:
         renderer = ChatRenderer(
             tokenizer,
             TOOLS if kind == "tool" else None,
             end_texts=ends,
-            template_kwargs=dict(FAMILIES[name].template_kwargs),
+            template_kwargs=dict(family.template_kwargs),
         )
         first = f"Checking.\n{CALL}" if kind == "tool" else "My guess: 4"
         replies = TOOL_REPLY if kind == "tool" else OBSERVATION

@@ -7,6 +7,7 @@ from mutation_rows.base import Mutation
 LOOP_TESTS = "tests/agents/test_loop.py"
 TOOL_LOOP_TESTS = "tests/agents/test_tool_loop.py"
 INVARIANT_TESTS = "tests/agents/test_multi_turn_invariants.py"
+RENDERING_TESTS = ("tests/agents/test_rendering.py", "tests/agents/test_family_templates.py")
 
 ROWS: list[Mutation] = [
     Mutation(
@@ -52,21 +53,21 @@ ROWS: list[Mutation] = [
         file="src/periodic_rl/agents/rendering.py",
         old="        if not text.startswith(prefix):\n",
         new="        if False:\n",
-        tests=("tests/agents/test_rendering.py", "tests/agents/test_family_templates.py"),
+        tests=RENDERING_TESTS,
     ),
     Mutation(
         name="rendering: a template without a tool role is accepted with tools",
         file="src/periodic_rl/agents/rendering.py",
         old="            self._check_tool_replies()\n",
         new="            pass\n",
-        tests=("tests/agents/test_family_templates.py", "tests/agents/test_rendering.py"),
+        tests=RENDERING_TESTS,
     ),
     Mutation(
         name="rendering: the EOS a template writes after the last message is kept in the prefix",
         file="src/periodic_rl/agents/rendering.py",
         old="            if continued.startswith(opened):\n",
         new="            if False:\n",
-        tests=("tests/agents/test_family_templates.py", "tests/agents/test_rendering.py"),
+        tests=RENDERING_TESTS,
     ),
     Mutation(
         name="prompts: a multi-turn prompt over max_prompt_length is accepted",
