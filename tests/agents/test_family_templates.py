@@ -3,7 +3,7 @@ the model families users train: Llama 3.1 and 3.2, Qwen2.5 and Qwen3, Gemma 3, P
 DeepSeek-V3, Cohere2 (Command), GLM-4-MoE and LFM2 (SmolLM2's own is in test_rendering.py).
 
 The templates in ``chat_templates/`` are the originals as their models ship them, and TRL's
-prefix- preserving training variant of Qwen3's (copied from TRL 1.16's ``trl/chat_templates``,
+prefix-preserving training variant of Qwen3's (copied from TRL 1.16's ``trl/chat_templates``,
 Apache-2.0). Each is rendered with SmolLM2's tokenizer plus the family's special tokens, so that
 those encode as one token each, as in the family's own tokenizer. Two trajectories per template:
 the model's turn, then an environment's observation (a ``user`` message), then a final turn; and
