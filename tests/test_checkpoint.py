@@ -116,7 +116,7 @@ def test_bounded_staleness_resumes_its_schedule_exactly(tiny_llama_path, tmp_pat
     _fit(tiny_llama_path, tmp_path / "b", 2, lora, staleness=1)
     last = tmp_path / "b" / "ckpt" / "last.ckpt"
     ahead = torch.load(last, weights_only=True)["periodic_rl"]["ahead"]
-    assert ahead["schedule_start"] == 0 and list(ahead["snapshots"]) == [1]
+    assert ahead["schedule"] == [[0, 1, 0]] and list(ahead["snapshots"]) == [1]
     kept = ahead["snapshots"][1]
     assert (kept["adapter"] is not None) == (lora is not None)
     resumed, trainer = _fit(
@@ -138,7 +138,7 @@ def test_bounded_staleness_resumes_what_was_generated_ahead(tiny_llama_path, tmp
     last = tmp_path / "b" / "ckpt" / "last.ckpt"
     saved = torch.load(last, weights_only=True)["periodic_rl"]["ahead"]
     # checked before the resume: without these weights it would wait for them forever
-    assert saved["schedule_start"] == 0 and sorted(saved["snapshots"]) == [0, 1]
+    assert saved["schedule"] == [[0, 2, 0]] and sorted(saved["snapshots"]) == [0, 1]
     resumed, trainer = _fit(tiny_llama_path, tmp_path / "b", 4, ckpt_path=str(last), staleness=2)
     assert trainer.strategy.policy_version == 4
     assert max_diff(straight, resumed) == 0.0

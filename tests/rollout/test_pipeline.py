@@ -206,15 +206,50 @@ def test_on_policy_each_iteration_waits_for_the_trainers_own_push():
 def test_the_schedule_with_several_steps_per_iteration_and_its_refusals():
     on_policy = RolloutSchedule(0, steps_per_iteration=3, start=6)
     assert [on_policy.version_for(j) for j in (2, 3, 4)] == [6, 9, 12]
-    assert on_policy.iterations_ahead(3, 3, end=10) == [] and on_policy.pushes_at_publish
+    assert on_policy.iterations_ahead(3, 3, end=10) == []
     stale = RolloutSchedule(2, start=4)
     assert [stale.version_for(j) for j in (4, 5, 6, 7)] == [4, 4, 4, 5]
     assert stale.iterations_ahead(4, 3, end=6) == [5]  # the run ends at iteration 5
-    assert stale.iterations_ahead(5, 5, end=100) == [6, 7] and not stale.pushes_at_publish
+    assert stale.iterations_ahead(5, 5, end=100) == [6, 7]
     with pytest.raises(ValueError, match="num_iterations > 1 with max_staleness"):
         RolloutSchedule(1, steps_per_iteration=2)
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         RolloutSchedule(-1)
+
+
+def test_a_switched_schedule_keeps_what_was_submitted_and_never_goes_back_in_version():
+    """A run that chooses its staleness switches between iterations: from the first iteration
+    not yet submitted, never older than the weights published at the switch."""
+    on_policy = RolloutSchedule(0)
+    ahead = on_policy.switched(4, 1, version=4)  # at iteration 4's start, version 4 is out
+    assert [ahead.version_for(j) for j in range(7)] == [0, 1, 2, 3, 4, 4, 5]
+    assert ahead.iterations_ahead(4, 3, end=100) == [5]
+    back = ahead.switched(7, 0, version=5)  # at 6's start, 6 was submitted ahead: 7 is first
+    assert [back.version_for(j) for j in range(4, 10)] == [4, 4, 5, 7, 8, 9]
+    assert back.iterations_ahead(6, 6, end=100) == []  # nothing more runs ahead
+    deeper = ahead.switched(7, 3, version=6)  # never older than what generated iteration 6
+    assert [deeper.version_for(j) for j in range(6, 11)] == [5, 6, 6, 6, 7]
+    assert deeper.phases() == [(0, 0, 0), (4, 1, 4), (7, 3, 6)]
+    assert RolloutSchedule.from_phases(deeper.phases()) == deeper
+
+
+def test_a_switch_applies_from_the_first_iteration_not_yet_submitted():
+    backend = RecordingBackend()
+    pipeline = pipeline_with(backend, k=1)
+    try:
+        pipeline.submit(request(0))
+        pipeline.submit(request(1))  # ahead, from version 0
+        assert pipeline.switch(0, version=1) == 2  # back on-policy from iteration 2
+        pipeline.submit(request(2))
+        for iteration in (0, 1):
+            assert {g.version for g in pipeline.stream(iteration).drain()} == {0}
+        pipeline.offer(1, "weights-1")  # iteration 2 does not take version 1: it waits
+        assert not pipeline.stream(2).closed
+        pipeline.offer(2, "weights-2")
+        assert {g.version for g in pipeline.stream(2).drain()} == {2}
+        assert [e[:2] for e in backend.log if e[0] == "push"] == [("push", 2)]
+    finally:
+        pipeline.close()
 
 
 def test_iterations_are_submitted_in_order():

@@ -105,7 +105,7 @@ class CPUTuning(HardwareTuning):
                 options.use_ray,
                 options.ray_address,
                 options.gpus_per_worker,
-                options.max_staleness,
+                options.staleness_bound,
                 self.trainer_cores,
             )
             self.split_start = start

@@ -75,7 +75,8 @@ class RolloutController:
         self.pipeline: RolloutPipeline | None = None  # started on first use
         # the engines' weights before the pipeline starts, should it need them again
         self._snapshot_for_start: tuple[int, PolicySnapshot] | None = None
-        self._resumed: tuple[int, dict[int, PolicySnapshot]] | None = None  # from a checkpoint
+        self._resumed: dict[int, PolicySnapshot] | None = None  # a checkpoint's older weights
+        self._schedule_to_start: RolloutSchedule | None = None  # a checkpoint's, or switched
         self._submitted: dict[int, list[tuple[list[int], int]]] = {}  # iteration -> jobs
         self.tuning = HardwareTuning()  # the strategy's tuner, from start()
 
@@ -131,9 +132,7 @@ class RolloutController:
             local_gpus=settings.local_gpus.ray_gpus,
             groups_per_call=o.groups_per_call or OVERLAPPED_GROUPS_PER_CALL,
             # the trainer waits while the workers load its pushes: they may use its cores
-            weight_load_cores=self.tuning.weight_load_cores
-            if self.schedule.pushes_at_publish
-            else None,
+            weight_load_cores=self.tuning.weight_load_cores if self.pushes_at_publish else None,
             worker_tuning=self.tuning.worker_tuning(),
             call_timeout_s=o.call_timeout_s,
             spans=self.spans,
@@ -224,7 +223,7 @@ class RolloutController:
             self._weights = replace(self._weights, fingerprint=fingerprint)
             if self.pipeline is not None:
                 self.pipeline.landed(self.version, fingerprint)
-            elif self.link.rank == 0 and not self.schedule.pushes_at_publish:
+            elif self.link.rank == 0 and not self.pushes_at_publish:
                 # the pipeline, once started, may need these weights again after another push
                 self._snapshot_for_start = (self.version, self.snapshots.take(policy))
         self.spans.add("weight push", "trainer", start, time.time(), kind=kind)
@@ -237,12 +236,11 @@ class RolloutController:
         gathered: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
         """``policy`` stepped to ``version``: make it the weights of the next iteration. The
-        schedule says how (:attr:`~periodic_rl.rollout.pipeline.RolloutSchedule.
-        pushes_at_publish`): pushed now, or a snapshot (a copy no later step touches) that the
+        run says how (:attr:`pushes_at_publish`): pushed now, or a snapshot (a copy no later step touches) that the
         pipeline pushes when the iteration it generates comes up."""
         if version <= self.version:
             raise ValueError(f"publish of version {version}: version {self.version} is out")
-        pipeline = None if self.schedule.pushes_at_publish else self._started_pipeline()
+        pipeline = None if self.pushes_at_publish else self._started_pipeline()
         self._weights = WeightsRecord(self._weights.iteration + 1, version, None)
         if pipeline is None:
             self.push(policy, gathered)
@@ -256,7 +254,7 @@ class RolloutController:
         """Before an optimizer step: the backend finishes what still reads the live weights it
         was pushed (a copy kept for restarted engines). Snapshots are copies no step touches:
         with them, the pipeline's thread alone handles the pushes' state."""
-        if self.backend is not None and self.schedule.pushes_at_publish:
+        if self.backend is not None and self.pushes_at_publish:
             self.backend.weights_will_change()
 
     def restore_version(
@@ -275,7 +273,7 @@ class RolloutController:
             self.push(policy, gathered)
 
     def ahead_state(self) -> dict[str, Any]:
-        """What a checkpoint needs to resume the schedule exactly: its start and the older
+        """What a checkpoint needs to resume the schedule exactly: its phases and the older
         weights the untrained iterations will be generated with (rank 0; empty when nothing
         runs ahead)."""
         if self.link.rank != 0:
@@ -286,20 +284,25 @@ class RolloutController:
         if not pending:
             return {}
         return {
-            "schedule_start": self.schedule.start,
+            "schedule": [list(phase) for phase in self.schedule.phases()],
             "snapshots": {v: snap.to_checkpoint() for v, snap in pending.items()},
         }
 
     def resume_ahead(self, state: dict[str, Any], policy: PushablePolicy) -> None:
-        """Resume the schedule saved by :meth:`ahead_state` (rank 0, before the first
-        iteration)."""
-        if not state or self.link.rank != 0:
+        """Resume the schedule saved by :meth:`ahead_state` (before the first iteration; every
+        rank reads the schedule, rank 0 also the older weights)."""
+        if not state:
             return
-        snapshots = {
-            int(v): self.snapshots.from_checkpoint(policy, saved)
-            for v, saved in state["snapshots"].items()
-        }
-        self._resumed = (int(state["schedule_start"]), snapshots)
+        if "schedule" in state:
+            phases = [(int(f), int(k), int(v)) for f, k, v in state["schedule"]]
+        else:  # written before schedules could switch
+            phases = [(0, self.options.max_staleness, int(state["schedule_start"]))]
+        self._schedule_to_start = RolloutSchedule.from_phases(phases, self._steps_per_iteration)
+        if self.link.rank == 0:
+            self._resumed = {
+                int(v): self.snapshots.from_checkpoint(policy, saved)
+                for v, saved in state["snapshots"].items()
+            }
 
     # ---- prompts and rollouts -------------------------------------------------------------------
     def share_prompts(self, rows: list[Any]) -> PromptShare:
@@ -430,8 +433,32 @@ class RolloutController:
         the checkpoint's schedule)."""
         if self.pipeline is not None:
             return self.pipeline.schedule
-        start = self._resumed[0] if self._resumed else self.version
-        return RolloutSchedule(self.options.max_staleness, self._steps_per_iteration, start)
+        if self._schedule_to_start is not None:
+            return self._schedule_to_start
+        return RolloutSchedule(self.options.max_staleness, self._steps_per_iteration, self.version)
+
+    @property
+    def pushes_at_publish(self) -> bool:
+        """Whether the trainer pushes each version itself, right after its step: the next
+        iteration needs it at once, and no step comes before it is generated (``k = 0`` for
+        the whole run). Otherwise (``k >= 1``, or a budget the schedule may switch within) the
+        trainer may step again before the push: it offers a snapshot."""
+        return self.options.staleness_bound == 0
+
+    def set_staleness(self, max_staleness: int) -> int:
+        """Generate with ``max_staleness`` from the first iteration not yet submitted on (on
+        every rank, between iterations); returns that iteration. Refuses a staleness beyond
+        the run's bound: the budget is kept here, whatever chose it."""
+        bound = self.options.staleness_bound
+        if not 0 <= max_staleness <= bound:
+            raise ValueError(
+                f"staleness {max_staleness} is outside this run's bound of {bound} version(s)"
+            )
+        if self.pipeline is not None:
+            return self.pipeline.switch(max_staleness, self.version)
+        first = self._weights.iteration
+        self._schedule_to_start = self.schedule.switched(first, max_staleness, self.version)
+        return first
 
     def close_pipeline(self) -> None:
         """Stop generating (after the run, or when a training step failed)."""
@@ -463,9 +490,9 @@ class RolloutController:
         if self.link.rank == 0:
             if self._snapshot_for_start is not None:
                 pipeline.offer(*self._snapshot_for_start)
-            for version, snapshot in (self._resumed[1] if self._resumed else {}).items():
+            for version, snapshot in (self._resumed or {}).items():
                 pipeline.offer(version, snapshot)
-        self._snapshot_for_start, self._resumed = None, None
+        self._snapshot_for_start, self._resumed, self._schedule_to_start = None, None, None
         self.pipeline = pipeline
         return pipeline
 

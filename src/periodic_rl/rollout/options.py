@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from periodic_rl.choices import check_choices
+from periodic_rl.rollout.budget import AsynchronyBudget
 from periodic_rl.rollout.device_defaults import PlacementStrategy, PushTransport
 from periodic_rl.rollout.spec import BuiltinEngine
 
@@ -31,6 +32,7 @@ class RolloutOptions:
     groups_per_call: int | None = None  # None: 2 overlapped, else a worker's share
     adapter_pushes: bool = True
     max_staleness: int = 0
+    asynchrony: AsynchronyBudget | None = None  # None: the fixed schedule of max_staleness
     call_timeout_s: float | None = 600.0
     worker_resources: dict[str, float] | None = None
     placement_strategy: PlacementStrategy = "PACK"
@@ -41,6 +43,13 @@ class RolloutOptions:
         if self.max_staleness < 0:
             raise ValueError(
                 f"max_staleness must be >= 0 (0: exactly on-policy), got {self.max_staleness}"
+            )
+        if self.asynchrony is not None and self.max_staleness != 0:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} and asynchrony="
+                f"{self.asynchrony.describe()!r} both given: max_staleness fixes the schedule, "
+                "asynchrony lets the run choose one within a budget; give one of them (e.g. "
+                "asynchrony: {max_staleness: %d})" % self.max_staleness
             )
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
@@ -53,3 +62,16 @@ class RolloutOptions:
             raise ValueError(f"groups_per_call must be >= 1, got {self.groups_per_call}")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be > 0 or None, got {self.call_timeout_s}")
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most versions a trained group may lag in this run: the budget's, or the fixed
+        ``max_staleness``."""
+        if self.asynchrony is not None:
+            return self.asynchrony.max_staleness
+        return self.max_staleness
+
+    @property
+    def chooses_schedule(self) -> bool:
+        """The run picks its staleness within a budget that allows some (``asynchrony``)."""
+        return self.asynchrony is not None and self.asynchrony.max_staleness > 0

@@ -15,11 +15,17 @@ to them. Every other rank runs one receiving thread that files what rank 0 sends
 iteration and records the fingerprint of each pushed version, so every rank checks each group's
 version and weights.
 
-How a version reaches the engines is the schedule's to say (:attr:`RolloutSchedule.
-pushes_at_publish`): with ``k = 0`` the next iteration needs the weights at once and nothing
-generates meanwhile, so the trainer pushes its live weights itself (:meth:`RolloutPipeline.
-landed`); with ``k >= 1`` the trainer steps again before the push, so it offers a snapshot
-(:meth:`RolloutPipeline.offer`) that rank 0's thread pushes when the schedule reaches it.
+How a version reaches the engines depends on the most staleness the run allows (the
+controller's ``pushes_at_publish``): with ``k = 0`` throughout, the next iteration needs the
+weights at once and nothing generates meanwhile, so the trainer pushes its live weights itself
+(:meth:`RolloutPipeline.landed`); when the run may run ahead (``k >= 1``, or an asynchrony budget
+whose schedule may switch there), the trainer may step again before the push, so it offers a
+snapshot (:meth:`RolloutPipeline.offer`) that rank 0's thread pushes when the schedule reaches
+it.
+
+A run that chooses its schedule (:mod:`periodic_rl.rollout.chooser`) switches ``k`` between
+iterations (:meth:`RolloutSchedule.switched`): the switch holds from the first iteration not yet
+submitted, so an iteration in flight keeps the version it was submitted for.
 """
 
 from __future__ import annotations
@@ -65,12 +71,16 @@ class RolloutSchedule:
 
     ``max_staleness``: iterations the rollouts may run ahead (0: exactly on-policy);
     ``steps_per_iteration``: optimizer steps per iteration (only 1 with ``max_staleness >= 1``);
-    ``start``: the version the run started (or its checkpoint's schedule started) at.
+    ``start``: the version the run started (or its checkpoint's schedule started) at;
+    ``from_iteration`` and ``earlier``: a schedule the run switched to (:meth:`switched`) holds
+    from ``from_iteration`` on, ``earlier`` before it.
     """
 
     max_staleness: int = 0
     steps_per_iteration: int = 1
     start: int = 0
+    from_iteration: int = 0
+    earlier: RolloutSchedule | None = None
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -87,7 +97,20 @@ class RolloutSchedule:
 
     def version_for(self, iteration: int) -> int:
         """The policy version that generates ``iteration``."""
+        if self.earlier is not None and iteration < self.from_iteration:
+            return self.earlier.version_for(iteration)
         return max(self.start, (iteration - self.max_staleness) * self.steps_per_iteration)
+
+    def switched(self, from_iteration: int, max_staleness: int, version: int) -> RolloutSchedule:
+        """This schedule until ``from_iteration``, then ``max_staleness`` from there, never
+        older than ``version`` (the weights published when the switch is made) nor than what
+        generated the iteration before."""
+        floor = version
+        if from_iteration > 0:
+            floor = max(floor, self.version_for(from_iteration - 1))
+        return RolloutSchedule(
+            max_staleness, self.steps_per_iteration, floor, from_iteration, earlier=self
+        )
 
     def iterations_ahead(self, iteration: int, submitted_through: int, end: float) -> list[int]:
         """The iterations after ``iteration`` (and before ``end``, the run's last + 1) to submit
@@ -95,12 +118,22 @@ class RolloutSchedule:
         last = min(iteration + self.max_staleness, int(min(end, 2**62)) - 1)
         return list(range(max(iteration, submitted_through) + 1, last + 1))
 
-    @property
-    def pushes_at_publish(self) -> bool:
-        """Whether the trainer pushes each version itself, right after its step: the next
-        iteration needs it at once, and no step comes before it is generated (``k = 0``).
-        Otherwise the trainer steps again before the push: it offers a snapshot."""
-        return self.max_staleness == 0
+    def phases(self) -> list[tuple[int, int, int]]:
+        """``(from_iteration, max_staleness, start)`` of each schedule switched to, in order
+        (what a checkpoint saves; :meth:`from_phases` rebuilds it)."""
+        earlier = self.earlier.phases() if self.earlier is not None else []
+        return [*earlier, (self.from_iteration, self.max_staleness, self.start)]
+
+    @classmethod
+    def from_phases(
+        cls, phases: list[tuple[int, int, int]], steps_per_iteration: int = 1
+    ) -> RolloutSchedule:
+        schedule = None
+        for from_iteration, max_staleness, start in phases:
+            schedule = cls(max_staleness, steps_per_iteration, start, from_iteration, schedule)
+        if schedule is None:
+            raise ValueError("a schedule has at least one phase")
+        return schedule
 
 
 @dataclass(frozen=True)
@@ -224,6 +257,14 @@ class RolloutPipeline:
             if self.link.rank == 0:
                 self._requests.append((request, calls or CallShape()))
             self._cond.notify_all()
+
+    def switch(self, max_staleness: int, version: int) -> int:
+        """Generate with ``max_staleness`` from the first iteration not yet submitted on (never
+        older than ``version``, the weights published last); returns that iteration."""
+        with self._cond:
+            first = self.submitted_through + 1
+            self.schedule = self.schedule.switched(first, max_staleness, version)
+            return first
 
     def offer(self, version: int, snapshot: PushablePolicy) -> None:
         """The weights of ``version`` (rank 0; a snapshot that later steps do not change), for

@@ -11,6 +11,7 @@ it publishes each iteration's weights itself, right after its optimizer step.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
+from periodic_rl.rollout.budget import AsynchronyBudget, AsynchronySpec, parse_budget
+from periodic_rl.rollout.chooser import ScheduleChooser, ScheduleDecision
 from periodic_rl.rollout.controller import PromptShare, RolloutController
 from periodic_rl.rollout.device_defaults import (
     DTYPES,
@@ -41,6 +44,8 @@ if TYPE_CHECKING:
     from lightning.pytorch import Trainer
     from lightning.pytorch.core.optimizer import LightningOptimizer
     from torch.optim import Optimizer
+
+log = logging.getLogger(__name__)
 
 ROLLOUT_ARGS_DOC = """
         engine: ``vllm``, ``hf``, or ``package.module:Class`` of your own ``InferenceEngine``.
@@ -83,6 +88,13 @@ ROLLOUT_ARGS_DOC = """
             iteration ``j`` with the weights of version ``j - k`` while the trainer trains the
             iterations before it, and the loss corrects with truncated importance weights
             against the behaviour log-probs (docs/staleness.md).
+        asynchrony: how off-policy the run may be, instead of a fixed ``max_staleness``; the
+            run then picks the fastest staleness within it from what it measures (one log line
+            per decision, docs/staleness.md): ``on_policy``, ``{max_staleness: k}`` (at most
+            ``k`` versions behind), or ``{max_mismatch_kl: x}`` (any staleness up to 4 while
+            the measured engine/trainer ``mismatch/kl`` stays <= ``x``).
+        asynchrony_window: iterations measured per decision of ``asynchrony`` (after one of
+            warm-up).
         call_timeout_s: seconds a rollout worker may take per prompt group of a call (and for
             a weight load) before it counts as hung: it is killed and restarted, its groups
             generated again with the same seeds (docs/troubleshooting.md). ``None``: no limit.
@@ -116,6 +128,8 @@ class RolloutsMixin:
         groups_per_call: int | None = None,
         adapter_pushes: bool = True,
         max_staleness: int = 0,
+        asynchrony: AsynchronySpec | AsynchronyBudget | None = None,
+        asynchrony_window: int = 3,
         call_timeout_s: float | None = 600.0,
         worker_resources: dict[str, float] | None = None,
         placement_strategy: PlacementStrategy = "PACK",
@@ -139,6 +153,7 @@ class RolloutsMixin:
             groups_per_call=groups_per_call,
             adapter_pushes=adapter_pushes,
             max_staleness=max_staleness,
+            asynchrony=parse_budget(asynchrony) if asynchrony is not None else None,
             call_timeout_s=call_timeout_s,
             worker_resources=dict(worker_resources) if worker_resources else None,
             placement_strategy=placement_strategy,
@@ -150,6 +165,11 @@ class RolloutsMixin:
             kwargs.setdefault("checkpoint_io", io)
         super().__init__(**kwargs)
         self.rollouts = RolloutController(options, SpanRecorder())
+        self.schedule_chooser = (
+            ScheduleChooser(options.asynchrony, window=asynchrony_window)
+            if options.asynchrony is not None
+            else None
+        )
         self.engine_dtype_pending = engine_dtype == "auto"  # resolved in setup
         self.tuning = tuning  # None: the training device's default, chosen in setup
         if tuning is not None:
@@ -195,6 +215,28 @@ class RolloutsMixin:
         super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
         if self.tuning is not None:
             self.tuning.between_iterations(self)
+        if self.schedule_chooser is not None:
+            self.choose_schedule(self.schedule_chooser)
+
+    def choose_schedule(self, chooser: ScheduleChooser) -> ScheduleDecision | None:
+        """Between iterations: rank 0's chooser measures and decides the staleness, every rank
+        applies it (:mod:`periodic_rl.rollout.chooser`)."""
+        decision = None
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            stats = getattr(self.lightning_module, "last_iteration", None)
+            kl = stats.metrics().get("mismatch/kl") if stats is not None else None
+            staleness = self.rollouts.schedule.max_staleness
+            decision = chooser.step(staleness, self.rollouts.spans, kl)
+        switch = decision.staleness if decision is not None and decision.switch else None
+        switch = self.rollouts.link.broadcast(switch)
+        if switch is not None:
+            self.rollouts.set_staleness(switch)
+        if decision is not None:
+            log.info("%s", decision.line())
+            trainer = self.lightning_module.trainer
+            for logger in trainer.loggers:
+                logger.log_metrics(decision.metrics(), step=trainer.global_step)
+        return decision
 
     def teardown(self) -> None:
         self.rollouts.shutdown()
@@ -259,7 +301,9 @@ class RolloutsMixin:
 
     @property
     def max_staleness(self) -> int:
-        return self.rollouts.options.max_staleness
+        """The most versions a trained group may lag: the fixed ``max_staleness``, or the
+        ``asynchrony`` budget's bound."""
+        return self.rollouts.options.staleness_bound
 
     def weights_fingerprint_of(self, version: int) -> str | None:
         return self.rollouts.fingerprint_of(version)
