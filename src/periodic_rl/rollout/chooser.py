@@ -1,4 +1,4 @@
-"""`ScheduleChooser`: the fastest staleness inside the run's asynchrony budget, from what it measures.
+"""`ScheduleChooser`: the fastest staleness inside the asynchrony budget, from what a run measures.
 
 A run with ``asynchrony`` (:mod:`periodic_rl.rollout.budget`) starts exactly on-policy (``k = 0``,
 inside every budget). The strategy asks :meth:`ScheduleChooser.step` at the start of every

@@ -236,8 +236,8 @@ class RolloutController:
         gathered: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
         """``policy`` stepped to ``version``: make it the weights of the next iteration. The
-        run says how (:attr:`pushes_at_publish`): pushed now, or a snapshot (a copy no later step touches) that the
-        pipeline pushes when the iteration it generates comes up."""
+        run says how (:attr:`pushes_at_publish`): pushed now, or a snapshot (a copy no later
+        step touches) that the pipeline pushes when the iteration it generates comes up."""
         if version <= self.version:
             raise ValueError(f"publish of version {version}: version {self.version} is out")
         pipeline = None if self.pushes_at_publish else self._started_pipeline()
