@@ -272,3 +272,27 @@ def test_setting_refused_while_building_the_classes_is_one_line(tmp_path, tiny_l
     args += ["--data.init_args.source", str(data), "--trainer.default_root_dir", str(tmp_path)]
     error = _refused(args, capsys)
     assert error.endswith("num_generations must be >= 2 (group advantages need a group), got 1")
+
+
+@pytest.mark.parametrize("budget", ["on_policy", "{max_staleness: 1}", "{max_mismatch_kl: 0.001}"])
+def test_an_asynchrony_budget_in_yaml_reaches_the_strategy(budget, tmp_path, capsys):
+    """Each form of ``asynchrony`` parses from a YAML file, and what the parser makes of it
+    builds the strategy's budget."""
+    import yaml  # noqa: PLC0415
+
+    from periodic_rl import PeriodicAsyncStrategy  # noqa: PLC0415
+
+    config = tmp_path / "budget.yaml"
+    config.write_text(
+        "trainer:\n  strategy:\n    class_path: periodic_rl.PeriodicAsyncStrategy\n"
+        f"    init_args:\n      engine: hf\n      asynchrony: {budget}\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    init_args = printed["trainer"]["strategy"]["init_args"]
+    strategy = PeriodicAsyncStrategy(engine="hf", asynchrony=init_args["asynchrony"])
+    expected = {"on_policy": 0, "{max_staleness: 1}": 1, "{max_mismatch_kl: 0.001}": 4}[budget]
+    assert strategy.max_staleness == expected
+    assert strategy.schedule_chooser.budget.max_staleness == expected

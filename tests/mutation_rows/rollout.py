@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from mutation_rows.base import STALENESS_TESTS, STRATEGY_TESTS, Mutation
 
+CHOOSER_TESTS = ("tests/rollout/test_chooser.py", "tests/strategies/test_asynchrony.py")
+
 ROWS: list[Mutation] = [
     Mutation(
         name="overlap switched off (the trainer always waits for the whole iteration)",
@@ -442,5 +444,33 @@ ROWS: list[Mutation] = [
             "tests/rollout/test_core_loan.py::"
             "test_a_worker_loads_on_borrowed_cores_and_hands_them_back",
         ),
+    ),
+    Mutation(
+        name="asynchrony: the chooser ignores the budget's bound",
+        file="src/periodic_rl/rollout/chooser.py",
+        old="    candidates = range(1, min(state.ceiling, budget.max_staleness) + 1)\n",
+        new="    candidates = range(1, 4 + 1)\n",
+        tests=CHOOSER_TESTS,
+    ),
+    Mutation(
+        name="asynchrony: a measured mismatch over the KL bound is not acted on",
+        file="src/periodic_rl/rollout/chooser.py",
+        old="    if bound is not None and k > 0 and not budget.allows(k, window.mismatch_kl):\n",
+        new="    if False:\n",
+        tests=CHOOSER_TESTS,
+    ),
+    Mutation(
+        name="asynchrony: a switch is kept though measured slower than before it",
+        file="src/periodic_rl/rollout/chooser.py",
+        old="        if window.period_s < before.period_s:\n",
+        new="        if True:\n",
+        tests=CHOOSER_TESTS,
+    ),
+    Mutation(
+        name="asynchrony: a switch rewrites the schedule of an iteration already submitted",
+        file="src/periodic_rl/rollout/pipeline.py",
+        old="            first = self.submitted_through + 1\n",
+        new="            first = self.submitted_through\n",
+        tests=("tests/rollout/test_pipeline.py", "tests/strategies/test_asynchrony.py"),
     ),
 ]
