@@ -247,6 +247,11 @@ def run_fit(config: dict[str, Any]) -> dict[str, Any]:
         eval_at_end=False,
         seed=config["seed"],
     )
+    schedule = (  # benchmarks/asynchrony.py gives a budget instead of a fixed k
+        {"asynchrony": config["asynchrony"]}
+        if config.get("asynchrony") is not None
+        else {"max_staleness": config["max_staleness"]}
+    )
     strategy = PeriodicAsyncStrategy(
         engine=config["engine"],
         engine_kwargs=config["engine_kwargs"],
@@ -255,7 +260,7 @@ def run_fit(config: dict[str, Any]) -> dict[str, Any]:
         tuning=CPUTuning(
             worker_cores=config["worker_cores"], trainer_cores=config["trainer_cores"]
         ),
-        max_staleness=config["max_staleness"],
+        **schedule,
     )
     clock = Clock()
     trainer = bare_trainer(strategy, config["iterations"], [clock])
@@ -282,6 +287,7 @@ def run_fit(config: dict[str, Any]) -> dict[str, Any]:
         ],
         "iterations": clock.iterations,
         "spans": [[s.name, s.lane, rel(s.start), rel(s.end)] for s in spans],
+        "decisions": [d.line() for d in getattr(strategy.schedule_chooser, "decisions", [])],
     }
 
 

@@ -473,4 +473,11 @@ ROWS: list[Mutation] = [
         new="            first = self.submitted_through\n",
         tests=("tests/rollout/test_pipeline.py", "tests/strategies/test_asynchrony.py"),
     ),
+    Mutation(
+        name="asynchrony: the checkpoint forgets the schedule's switches",
+        file="src/periodic_rl/rollout/controller.py",
+        old='            "schedule": [list(phase) for phase in self.schedule.phases()],\n',
+        new='            "schedule": [[0, 0, 0]],\n',
+        tests=("tests/strategies/test_asynchrony.py",),
+    ),
 ]

@@ -10,10 +10,13 @@ whatever the chooser is told.
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
-from rl_helpers import RecordingModule, train
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from rl_helpers import RecordingModule, length_reward, max_diff, train
 
-from periodic_rl import PeriodicAsyncStrategy
+from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.rollout import chooser as chooser_module
 from periodic_rl.rollout.pipeline import RolloutSchedule
 
@@ -111,3 +114,45 @@ def test_a_measured_mismatch_over_the_kl_budget_sends_the_run_back(tiny_llama_pa
         and "over the budget" in (over.reason)
     )
     assert _versions(module) == [{0}, {1}, {2}, {2}, {3}, {5}, {6}]
+
+
+def _fit_checkpointed(model_path, root, steps, ckpt_path=None):
+    """``steps`` iterations with ``{max_staleness: 1}``, a checkpoint after every one."""
+    L.seed_everything(0, verbose=False)
+    module = RLModule(
+        model=model_path,
+        num_generations=2,
+        micro_batch_size=2,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        reward_funcs=[length_reward],
+    )
+    trainer = L.Trainer(
+        strategy=ScriptedPace(**LOCAL, asynchrony={"max_staleness": 1}),
+        max_steps=steps,
+        default_root_dir=root,
+        logger=False,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=40, num_val=0),
+                ckpt_path=ckpt_path)  # fmt: skip
+    params = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+    return params, trainer
+
+
+def test_a_resumed_run_continues_the_schedule_it_switched_to(
+    tiny_llama_path, tmp_path, predicted_s
+):
+    """Switched to k = 1 at iteration 2 and interrupted after iteration 4: the checkpoint keeps
+    the switch and the weights iteration 5 is generated with (version 4), so the resumed run
+    ends where the uninterrupted one does."""
+    straight, _ = _fit_checkpointed(tiny_llama_path, tmp_path / "a", 7)
+    _, first = _fit_checkpointed(tiny_llama_path, tmp_path / "b", 5)
+    last = tmp_path / "b" / "ckpt" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)["periodic_rl"]["ahead"]
+    assert saved["schedule"] == [[0, 0, 0], [2, 1, 2]] and list(saved["snapshots"]) == [4]
+    resumed, trainer = _fit_checkpointed(tiny_llama_path, tmp_path / "b", 7, ckpt_path=str(last))
+    assert trainer.strategy.policy_version == 7
+    assert max_diff(straight, resumed) == 0.0
