@@ -187,6 +187,26 @@ def rollouts(cls=PeriodicAsyncDDPStrategy, controller=None, workers=1, overlap=T
     return strategy
 
 
+BUDGET = {"asynchrony": {"max_staleness": 1}, "asynchrony_window": 1}
+
+
+def scripted_chooser(strategy):
+    """Rank 0's chooser measures 10 s per on-policy iteration and 5 s per stale one, and
+    predicts 6 s for any staleness: it switches to k = 1 after iteration 1 and keeps it. Rank 1
+    only applies what rank 0 decides."""
+    from periodic_rl.rollout import chooser  # noqa: PLC0415
+
+    chooser.predict_period_s = lambda times, k, cycles=8: 6.0
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 10.0 if strategy.rollouts.schedule.max_staleness == 0 else 5.0
+        return now[0]
+
+    strategy.schedule_chooser.clock = clock
+    return strategy
+
+
 def gated(hold_dir: Path) -> dict:
     return {"engine": "ray_fixtures:GatedEngine", "engine_kwargs": {"gate_dir": str(hold_dir)}}
 
@@ -198,6 +218,8 @@ def run_named(run: str, out: Path) -> None:
         fit(out, run, rollouts(), lora=lora, num_val=num_val)
     elif run == "stale1-overlap":  # bounded staleness, k = 1, two workers
         fit(out, run, rollouts(workers=2, max_staleness=1), num_val=2)
+    elif run == "budget1-overlap":  # asynchrony {max_staleness: 1}, scripted: k = 1 from 2
+        fit(out, run, scripted_chooser(rollouts(workers=2, **BUDGET)), steps=4)
     elif run == "fsdp-overlap":
         fit(out, run, rollouts(PeriodicAsyncFSDPStrategy))
     elif run == "stale":  # synchronous: every rank surely receives its groups before any raises

@@ -37,7 +37,7 @@ def selected_runs(session: pytest.Session) -> list[str]:
         for run in mark.args
     }
     order = ["full-overlap", "lora-overlap", "kill", "resume"]
-    order += ["fsdp-overlap", "stale1-overlap"]
+    order += ["fsdp-overlap", "stale1-overlap", "budget1-overlap"]
     return [run for run in [*order, "stale"] if run in wanted]  # stale last: its fit fails
 
 
@@ -201,6 +201,21 @@ def test_bounded_staleness_on_two_ranks_equals_one_rank(two_rank_runs, one_rank)
         assert [h["tag"] for h in record["eval"]] == ["start", "end"]
     assert_equal_params(outcome["params"], one_rank(False, 3, staleness=1), "stale1")
     assert max_diff(outcome["params"], one_rank(False, 3)) > 1e-4  # not the on-policy update
+
+
+@runs("budget1-overlap")
+def test_a_schedule_switch_on_rank_0_is_applied_on_every_rank(two_rank_runs):
+    """``asynchrony: {max_staleness: 1}``, rank 0's chooser scripted to switch to k = 1 from
+    iteration 2: both ranks train iteration 3 on groups of version 2 (generated ahead) and
+    accept them, and iteration 2 on version 2 (the switch never makes a group older than the
+    weights out at the switch)."""
+    outcome = result(two_rank_runs, "budget1-overlap")
+    assert outcome["error"] is None
+    for rank in (0, 1):
+        record = seen(two_rank_runs, "budget1-overlap", rank)
+        assert record["error"] is None and record["version"] == 4
+        versions = sorted({tuple(v) for v in record["versions"]})
+        assert versions == [(0, 0), (1, 1), (2, 2), (3, 2)], rank
 
 
 def test_strategies_are_rollout_strategies():
