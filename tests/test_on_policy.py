@@ -37,6 +37,19 @@ def test_bounded_staleness_accepts_k_versions_back_with_their_own_fingerprints()
         check_on_policy([group(6, "fp6")], 5, CONFIRMED.get, max_staleness=2)  # from the future
 
 
+def test_every_version_a_partial_rollout_carries_is_checked():
+    """A group continued under newer weights (partial rollouts) carries each version that drew
+    its tokens: each must be inside the window, with its own confirmed fingerprint."""
+    spanning = replace(group(4, "fp4"), version_fingerprints={4: "fp4", 5: "fp5"})
+    check_on_policy([spanning], 5, CONFIRMED.get, max_staleness=1)
+    lying = replace(spanning, version_fingerprints={4: "fp4", 5: "fp4"})
+    with pytest.raises(StaleRolloutError, match="version 5 .fingerprint fp4"):
+        check_on_policy([lying], 5, CONFIRMED.get, max_staleness=1)
+    future = replace(spanning, version_fingerprints={4: "fp4", 6: "fp6"})
+    with pytest.raises(StaleRolloutError, match="version 6"):
+        check_on_policy([future], 5, {**CONFIRMED, 6: "fp6"}.get, max_staleness=1)
+
+
 # ---- through RLModule: every micro-batch is checked, not only the first ------------------------
 class _LaterMicroBatchFromOtherWeights(PeriodicAsyncStrategy):
     """Stamps the first group of the iteration's second micro-batch with weights the engines

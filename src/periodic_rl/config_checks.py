@@ -190,6 +190,12 @@ def check_run_config(hparams: Any, trainer: Any) -> None:
             f"num_iterations={updates} with max_staleness={staleness}: several updates per "
             "batch are only supported on-policy; set num_iterations: 1 or max_staleness: 0"
         )
+    options = getattr(getattr(trainer.strategy, "rollouts", None), "options", None)
+    if hparams.get("dynamic_sampling") and getattr(options, "partial_rollout_tokens", None):
+        raise ValueError(
+            "dynamic_sampling with partial_rollout_tokens: the spare groups dynamic sampling adds "
+            "mid-iteration are not generated in chunks; unset one of them"
+        )
     if updates > 1 and trainer.max_steps > 0 and trainer.max_steps % updates:
         raise ValueError(
             f"trainer.max_steps ({trainer.max_steps}) counts optimizer steps and must be a "

@@ -103,6 +103,7 @@ class IterationStats:
     loss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     groups: list[RolloutGroup] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # -> groups
+    tokens_updated: int = 0  # partial rollouts: tokens sampled after an in-flight weight update
     dynamic_sampling: SamplingReport | None = None  # what dynamic sampling dropped and added
     # failing reward calls per reward since the last iteration (reward_on_error: zero); with
     # max_staleness the calls scored during this iteration, whichever iteration they are for
@@ -118,6 +119,9 @@ class IterationStats:
             self.micro_batch[group.index] = self.micro_batches
             self.groups.append(group)
             self.staleness[self.policy_version - group.version] += 1
+            self.tokens_updated += sum(
+                v != group.version for row in group.token_versions for v in row
+            )
             self.num_groups += 1
             self.num_sequences += len(group.completion_ids)
             self.num_tokens += sum(len(c) for c in group.completion_ids)
@@ -207,6 +211,8 @@ class IterationStats:
             out["staleness/max"] = float(max(counts))
             for lag, n in sorted(counts.items()):  # the histogram: share of groups per lag
                 out[f"staleness/{lag}"] = n / self.num_groups
+        if self.tokens_updated:  # partial rollouts: share of tokens drawn by newer weights
+            out["staleness/tokens_updated"] = self.tokens_updated / max(1, self.num_tokens)
         if self.agent.trajectories:  # a multi-turn iteration
             out["rollout/masked_tokens"] = float(self.masked_tokens)
             out.update(self.agent.metrics())

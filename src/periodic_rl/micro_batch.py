@@ -117,8 +117,9 @@ def rollout_request(
 
     on_all_scored = module.scorer.scale_batch if h.scale_rewards == "batch" else None
     request = RolloutRequest(
-        iteration, jobs, share.owners, module.sampling, score, on_all_scored, dynamic
-    )
+        iteration, jobs, share.owners, module.sampling, score, on_all_scored, dynamic,
+        eos_token_ids=tuple(module.scorer.eos_token_ids),
+    )  # fmt: skip
     return request, cut
 
 

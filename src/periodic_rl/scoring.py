@@ -355,6 +355,8 @@ class Scorer:
             trajectories=trajectories,
             agent_s=generated.agent_s,
             engine_idle_s=generated.engine_idle_s,
+            token_versions=generated.token_versions,
+            version_fingerprints=generated.version_fingerprints,
         )
         if self.scale_rewards != "batch":
             group.advantages = group_advantages(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from mutation_rows.base import STALENESS_TESTS, STRATEGY_TESTS, Mutation
 
 CHOOSER_TESTS = ("tests/rollout/test_chooser.py", "tests/strategies/test_asynchrony.py")
+PARTIAL_TESTS = ("tests/rollout/test_partial.py", "tests/strategies/test_partial_rollouts.py")
 
 ROWS: list[Mutation] = [
     Mutation(
@@ -479,5 +480,33 @@ ROWS: list[Mutation] = [
         old='            "schedule": [list(phase) for phase in self.schedule.phases()],\n',
         new='            "schedule": [[0, 0, 0]],\n',
         tests=("tests/strategies/test_asynchrony.py",),
+    ),
+    Mutation(
+        name="partial rollouts: a stale token tagged with the version of its completion's start",
+        file="src/periodic_rl/rollout/partial.py",
+        old="                sample.versions += [generated.version] * len(ids)\n",
+        new="                sample.versions += [self.versions[0]] * len(ids)\n",
+        tests=PARTIAL_TESTS,
+    ),
+    Mutation(
+        name="partial rollouts: a later chunk drawn by the first chunk's weights",
+        file="src/periodic_rl/rollout/partial.py",
+        old="            chunk_version = self.versions[min(chunk, len(self.versions) - 1)]\n",
+        new="            chunk_version = self.versions[0]\n",
+        tests=PARTIAL_TESTS,
+    ),
+    Mutation(
+        name="partial rollouts: only a group's first version is checked",
+        file="src/periodic_rl/on_policy.py",
+        old="        for sampled_by, carried in sorted(group.versions().items()):\n",
+        new="        for sampled_by, carried in [(group.version, group.fingerprint)]:\n",
+        tests=("tests/test_on_policy.py",),
+    ),
+    Mutation(
+        name="partial rollouts allowed exactly on-policy",
+        file="src/periodic_rl/rollout/options.py",
+        old="            if self.staleness_bound == 0:\n",
+        new="            if False:\n",
+        tests=PARTIAL_TESTS,
     ),
 ]

@@ -98,6 +98,11 @@ class RolloutController:
         the pipeline calls; ``agent``: multi-turn rollouts (:mod:`periodic_rl.agents`)."""
         if tuning is not None:
             self.tuning = tuning
+        if agent is not None and self.options.partial_rollout_tokens is not None:
+            raise ValueError(
+                "partial_rollout_tokens is for single-turn completions; a multi-turn trajectory "
+                "(agent) is continued turn by turn already: unset one of them"
+            )
         if not self._connected:
             self.link, self._connected = link(), True
         if self.link.rank == 0 and self.backend is None:
@@ -486,6 +491,7 @@ class RolloutController:
             self.link,
             self.backend,
             lambda snapshot, version: self.pusher.push(self.backend, snapshot, version)[1],
+            self.options.partial_rollout_tokens,
         )
         if self.link.rank == 0:
             if self._snapshot_for_start is not None:

@@ -33,6 +33,7 @@ class RolloutOptions:
     adapter_pushes: bool = True
     max_staleness: int = 0
     asynchrony: AsynchronyBudget | None = None  # None: the fixed schedule of max_staleness
+    partial_rollout_tokens: int | None = None  # None: completions in one piece
     call_timeout_s: float | None = 600.0
     worker_resources: dict[str, float] | None = None
     placement_strategy: PlacementStrategy = "PACK"
@@ -51,6 +52,18 @@ class RolloutOptions:
                 "asynchrony lets the run choose one within a budget; give one of them (e.g. "
                 "asynchrony: {max_staleness: %d})" % self.max_staleness
             )
+        if self.partial_rollout_tokens is not None:
+            if self.partial_rollout_tokens < 1:
+                raise ValueError(
+                    f"partial_rollout_tokens must be >= 1 (tokens per chunk) or None, got "
+                    f"{self.partial_rollout_tokens}"
+                )
+            if self.staleness_bound == 0:
+                raise ValueError(
+                    "partial_rollout_tokens needs max_staleness >= 1 (or an asynchrony budget "
+                    "above on_policy): exactly on-policy, every token is already sampled by the "
+                    "weights that train it, so no completion would continue under newer ones"
+                )
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if not self.use_ray and (self.overlap or self.num_workers != 1):

@@ -39,6 +39,7 @@ from typing import Any
 
 from periodic_rl.rollout.backend import RolloutBackend
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
+from periodic_rl.rollout.partial import PartialRollouts
 from periodic_rl.rollout.producer import (
     AllScoredFn,
     EndOfIteration,
@@ -112,6 +113,14 @@ class RolloutSchedule:
             max_staleness, self.steps_per_iteration, floor, from_iteration, earlier=self
         )
 
+    def chunk_versions(self, iteration: int, chunks: int) -> list[int]:
+        """With partial rollouts, the version that samples each chunk of ``iteration``'s
+        completions: one more per chunk from :meth:`version_for` on, never past the version
+        that trains the iteration (:mod:`periodic_rl.rollout.partial`)."""
+        first = self.version_for(iteration)
+        own = max(first, iteration * self.steps_per_iteration)
+        return [min(first + chunk, own) for chunk in range(chunks)]
+
     def iterations_ahead(self, iteration: int, submitted_through: int, end: float) -> list[int]:
         """The iterations after ``iteration`` (and before ``end``, the run's last + 1) to submit
         now, so that generation runs ``max_staleness`` iterations ahead of training."""
@@ -147,6 +156,7 @@ class RolloutRequest:
     score: ScoreFn
     on_all_scored: AllScoredFn | None = None
     dynamic: DynamicSampling | None = None  # dynamic sampling (DAPO): spares, bound, report
+    eos_token_ids: tuple[int, ...] = ()  # where a completion ends (partial rollouts continue)
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,8 @@ class RolloutPipeline:
         engines_hold: the weights the engines hold now (the run's start or resume).
         link: the ranks (rank 0 generates, the others receive).
         backend, push: rank 0's engines, and how to push a snapshot to them as a version.
+        partial_rollout_tokens: generate in chunks of this many tokens, each chunk with the
+            version :meth:`RolloutSchedule.chunk_versions` names (``None``: in one piece).
     """
 
     def __init__(
@@ -222,11 +234,13 @@ class RolloutPipeline:
         link: RankLink,
         backend: RolloutBackend | None = None,
         push: PushFn | None = None,
+        partial_rollout_tokens: int | None = None,
     ) -> None:
         if link.rank == 0 and (backend is None or push is None):
             raise ValueError("rank 0's pipeline needs the backend and a push function")
         self.schedule = schedule
         self.link, self.backend, self._push = link, backend, push
+        self.partial_rollout_tokens = partial_rollout_tokens
         self.fingerprints = {engines_hold.version: engines_hold.fingerprint}
         self.engine_version: int | None = engines_hold.version  # None: unknown
         self.submitted_through = engines_hold.iteration - 1
@@ -362,6 +376,7 @@ class RolloutPipeline:
                 try:
                     version = self.schedule.version_for(request.iteration)
                     self._ensure_pushed(version)
+                    backend = self._backend_for(request)
                     plan = IterationPlan(
                         request.jobs,
                         request.owners,
@@ -372,7 +387,7 @@ class RolloutPipeline:
                         calls.groups_per_call,
                     )
                     link = _IterationLink(self.link, request.iteration)
-                    produce(self.backend, plan, request.score, stream, link, request.on_all_scored)
+                    produce(backend, plan, request.score, stream, link, request.on_all_scored)
                 finally:
                     with self._cond:
                         self._generating = None
@@ -384,6 +399,20 @@ class RolloutPipeline:
             self._fail(exc)
             for rank in range(1, self.link.world_size):
                 self.link.send(rank, PipelineStopped(f"{type(exc).__name__}: {exc}"))
+
+    def _backend_for(self, request: RolloutRequest) -> RolloutBackend:
+        """The backend, or with partial rollouts, when the schedule lets a completion of this
+        iteration span a weight update, the backend generating in chunks."""
+        tokens = self.partial_rollout_tokens
+        if tokens is None or self.backend is None:
+            return self.backend
+        chunks = -(-request.sampling.max_new_tokens // tokens)
+        versions = self.schedule.chunk_versions(request.iteration, chunks)
+        if versions[-1] == versions[0]:  # on-policy, or one chunk: nothing to continue
+            return self.backend
+        return PartialRollouts(  # type: ignore[return-value]
+            self.backend, tokens, versions, self._ensure_pushed, request.eos_token_ids
+        )
 
     def _next_request(self) -> tuple[RolloutRequest, CallShape] | None:
         with self._cond:

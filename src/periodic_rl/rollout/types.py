@@ -127,9 +127,10 @@ class Trajectory:
 class RolloutGroup:
     """A finished prompt group: one prompt, its G completions, their rewards and advantages.
 
-    ``version`` and ``fingerprint`` name the policy weights that produced the completions; the
-    trainer refuses a group whose version or fingerprint is not the current one.
-    ``logprobs``: the behaviour log-probs of :class:`GeneratedGroup`, carried unchanged.
+    ``version`` and ``fingerprint`` name the policy weights that produced the completions (the
+    oldest, with partial rollouts); the trainer refuses a group whose version or fingerprint is
+    not one it may train on. ``logprobs``, ``token_versions`` and ``version_fingerprints``: as in
+    :class:`GeneratedGroup`, carried unchanged.
     """
 
     index: int
@@ -150,6 +151,14 @@ class RolloutGroup:
     trajectories: list[Trajectory] = field(default_factory=list)
     agent_s: float = 0.0
     engine_idle_s: float = 0.0
+    token_versions: list[list[int]] = field(default_factory=list)
+    version_fingerprints: dict[int, str] = field(default_factory=dict)
+
+    def versions(self) -> dict[int, str]:
+        """Every policy version that sampled a token of the group, with the fingerprint the
+        engines confirmed for it (``version`` alone unless partial rollouts continued some
+        completions under newer weights: ``token_versions``)."""
+        return {self.version: self.fingerprint, **self.version_fingerprints}
 
     def loss_masks(self) -> list[list[int]] | None:
         """Per completion, 1 on the tokens trained and 0 on environment tokens; ``None`` for a
@@ -186,7 +195,10 @@ class GeneratedGroup:
     ``trajectories`` holds one :class:`Trajectory` per completion (``[]``: single-turn);
     ``agent_s`` and ``engine_idle_s`` are the group's share of its agent loop's time and of the
     time the engine had nothing to generate (every unfinished trajectory waiting on its
-    environment).
+    environment). With partial rollouts (:mod:`periodic_rl.rollout.partial`) ``token_versions``
+    holds, per completion, the policy version that sampled each token (``[]``: every token is
+    ``version``'s), ``version_fingerprints`` the fingerprint the engines confirmed for each of
+    those versions, and ``version`` is the oldest.
     """
 
     index: int
@@ -198,6 +210,8 @@ class GeneratedGroup:
     started: float = 0.0
     finished: float = 0.0
     logprobs: list[list[float]] = field(default_factory=list)
+    token_versions: list[list[int]] = field(default_factory=list)
+    version_fingerprints: dict[int, str] = field(default_factory=dict)
     trajectories: list[Trajectory] = field(default_factory=list)
     agent_s: float = 0.0
     engine_idle_s: float = 0.0

@@ -95,6 +95,11 @@ ROLLOUT_ARGS_DOC = """
             the measured engine/trainer ``mismatch/kl`` stays <= ``x``).
         asynchrony_window: iterations measured per decision of ``asynchrony`` (after one of
             warm-up).
+        partial_rollout_tokens: with staleness, generate in chunks of this many tokens; chunk
+            ``c`` of an iteration that starts at version ``v`` is sampled by version
+            ``min(v + c, the iteration's own)``, the completion continuing from its own tokens
+            under the newer weights, each token tagged and corrected with the version that drew
+            it (partial rollouts, docs/staleness.md). ``None`` (default): in one piece.
         call_timeout_s: seconds a rollout worker may take per prompt group of a call (and for
             a weight load) before it counts as hung: it is killed and restarted, its groups
             generated again with the same seeds (docs/troubleshooting.md). ``None``: no limit.
@@ -130,6 +135,7 @@ class RolloutsMixin:
         max_staleness: int = 0,
         asynchrony: AsynchronySpec | AsynchronyBudget | None = None,
         asynchrony_window: int = 3,
+        partial_rollout_tokens: int | None = None,
         call_timeout_s: float | None = 600.0,
         worker_resources: dict[str, float] | None = None,
         placement_strategy: PlacementStrategy = "PACK",
@@ -154,6 +160,7 @@ class RolloutsMixin:
             adapter_pushes=adapter_pushes,
             max_staleness=max_staleness,
             asynchrony=parse_budget(asynchrony) if asynchrony is not None else None,
+            partial_rollout_tokens=partial_rollout_tokens,
             call_timeout_s=call_timeout_s,
             worker_resources=dict(worker_resources) if worker_resources else None,
             placement_strategy=placement_strategy,
