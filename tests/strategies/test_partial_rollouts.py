@@ -9,11 +9,13 @@ on-policy, no completion is ever continued under other weights.
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
-from rl_helpers import RecordingModule, train
+from lightning.pytorch.callbacks import ModelCheckpoint
+from rl_helpers import RecordingModule, assert_same_update, length_reward, max_diff, train
 
-from periodic_rl import PeriodicAsyncStrategy
+from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.rollout import chooser as chooser_module
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False}
@@ -124,3 +126,47 @@ def test_exactly_on_policy_never_continues_a_completion_under_other_weights(
 def test_partial_rollouts_with_dynamic_sampling_are_refused_before_training(tiny_llama_path):
     with pytest.raises(ValueError, match="dynamic_sampling with partial_rollout_tokens"):
         train(tiny_llama_path, steps=2, strategy=PARTIAL, dynamic_sampling=True)
+
+
+def test_overlapped_on_two_ray_workers_equals_synchronous(tiny_llama_path, local_ray):
+    """The chunk versions are the schedule's: the overlapped run, whose chunks may wait for the
+    trainer's next version, trains on the same tokens as the synchronous one."""
+    ray_workers = {**PARTIAL, "use_ray": True, "num_workers": 2, "groups_per_call": 1}
+    kwargs = dict(steps=3, module_cls=Recording)
+    sync = train(tiny_llama_path, strategy={**ray_workers, "overlap": False}, **kwargs)
+    overlapped = train(tiny_llama_path, strategy={**ray_workers, "overlap": True}, **kwargs)
+    assert_same_update(sync, overlapped, "partial rollouts overlapped on two Ray workers")
+    spans = [
+        g for g in overlapped[1].trained_groups[2] if any(len(set(v)) > 1 for v in g.token_versions)
+    ]
+    assert spans, "no completion spanned an update"
+
+
+def _fit_checkpointed(model_path, root, steps, ckpt_path=None):
+    L.seed_everything(0, verbose=False)
+    module = RLModule(
+        model=model_path, num_generations=2, micro_batch_size=2, max_new_tokens=8,
+        learning_rate=1e-3, reward_funcs=[length_reward],
+    )  # fmt: skip
+    trainer = L.Trainer(
+        strategy=PeriodicAsyncStrategy(**PARTIAL),
+        max_steps=steps,
+        default_root_dir=root,
+        logger=False,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=40, num_val=0),
+                ckpt_path=ckpt_path)  # fmt: skip
+    return {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tiny_llama_path, tmp_path):
+    """Interrupted after 2 of 4 iterations: iteration 2's chunks are drawn by versions 1 and
+    2 again, the checkpoint keeping version 1's weights."""
+    straight = _fit_checkpointed(tiny_llama_path, tmp_path / "a", 4)
+    _fit_checkpointed(tiny_llama_path, tmp_path / "b", 2)
+    last = tmp_path / "b" / "ckpt" / "last.ckpt"
+    resumed = _fit_checkpointed(tiny_llama_path, tmp_path / "b", 4, ckpt_path=str(last))
+    assert max_diff(straight, resumed) == 0.0
