@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,37 @@ SCAN_POINTS = [
     {"name": "long prompt, R24, G16", "system_words": 100, "max_new_tokens": 24, "G": 16, "P": 2},
 ]
 SCAN_MICRO_BATCH = 8
+#: The distribution ``--workloads`` draws from: group size, prompt length (tokens, reached with
+#: the filler system prompt at ~2 tokens a word over the ~60 of a bare arithmetic prompt),
+#: completion cap and temperature, each uniform over its range.
+WORKLOAD_RANGES = {
+    "G": (4, 16),
+    "prompt_tokens": (16, 512),
+    "max_new_tokens": (24, 256),
+    "temperature": (0.7, 1.0),
+}
+BARE_PROMPT_TOKENS = 60
+
+
+def draw_workloads(count: int, seed: int, prompts: int = 4) -> list[dict[str, Any]]:
+    """``count`` scan points drawn from :data:`WORKLOAD_RANGES` with ``seed`` (the same seed
+    always draws the same workloads)."""
+    rng = random.Random(seed)
+    points = []
+    for i in range(count):
+        g = rng.randint(*WORKLOAD_RANGES["G"])
+        tokens = rng.randint(*WORKLOAD_RANGES["prompt_tokens"])
+        new = rng.randint(*WORKLOAD_RANGES["max_new_tokens"])
+        temperature = round(rng.uniform(*WORKLOAD_RANGES["temperature"]), 2)
+        words = max(0, (tokens - BARE_PROMPT_TOKENS) // 2)
+        points.append(
+            {
+                "name": f"workload {i}: G{g}, prompt ~{tokens}, R{new}, T{temperature}",
+                "system_words": words, "max_new_tokens": new, "G": g, "P": prompts,
+                "temperature": temperature, "drawn_prompt_tokens": tokens,
+            }
+        )  # fmt: skip
+    return points
 
 
 # ---- the parent: settings, interleaved runs (the tables: vs_trl_report.py) -------------------
@@ -116,6 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--kv-cache-gb", type=float, default=None, help="vLLM KV cache (periodic_rl)")
     p.add_argument("--scan", action="store_true", help="workload scan instead of the main table")
+    p.add_argument(
+        "--workloads",
+        type=int,
+        default=None,
+        help="scan N workloads drawn from WORKLOAD_RANGES instead of the fixed scan points",
+    )
+    p.add_argument("--workload-seed", type=int, default=0, help="the draw's seed")
     p.add_argument("--configs", nargs="+", default=None, choices=sorted(CONFIGS))
     p.add_argument(
         "--points",
@@ -147,6 +186,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # internal: one run
     args = p.parse_args(argv)
+    if args.workloads is not None:
+        args.scan = True
+        args.configs = args.configs or ["a", "c2", "d", "k1", "f"]
     if args.configs is None:
         args.configs = ["c", "c2", "d"] if args.scan else ["a", "b", "c", "c2", "d", "e"]
     if args.repeats is None:
@@ -167,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.kv_cache_gb = 8.0 if args.device == "cuda" else 1.0
     if args.output is None:
         name = "vs_trl" + ("_scan" if args.scan else "") + ("_quick" if args.quick else "")
+        name = name.replace("_scan", "_workloads") if args.workloads is not None else name
         name += "_gpu" if args.device == "cuda" else ""
         args.output = RESULTS_DIR / f"{name}.json"
     return args
@@ -308,14 +351,20 @@ def run_main(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
 
 def run_scan(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
     points = []
-    chosen = args.points or list(range(1, len(SCAN_POINTS) + 1))
-    for point in [SCAN_POINTS[i - 1] for i in chosen]:
+    if args.workloads is not None:
+        drawn = draw_workloads(args.workloads, args.workload_seed, args.prompts)
+    else:
+        drawn = [SCAN_POINTS[i - 1] for i in args.points or range(1, len(SCAN_POINTS) + 1)]
+    for point in drawn:
         point_args = argparse.Namespace(**vars(args))
+        point_args.temperature = point.get("temperature", args.temperature)
         point_args.system_words = point["system_words"]
         point_args.max_new_tokens = point["max_new_tokens"]
         point_args.num_generations = point["G"]
         point_args.prompts = point["P"]
         point_args.micro_batch_size = max(SCAN_MICRO_BATCH, point["G"])
+        if args.workloads is not None:  # any G: micro-batches of one group divide every step
+            point_args.micro_batch_size = point["G"]
         settings = base_settings(point_args)
         print(f"\n== scan point '{point['name']}'")
         runs = interleaved(point_args, args.configs, settings, model_path)
@@ -333,11 +382,39 @@ def run_scan(args: argparse.Namespace, model_path: str) -> dict[str, Any]:
         )
     table = scan_table(points, args.configs)
     print("\n" + table)
+    extra = {}
+    if args.workloads is not None:  # the list the workload distribution is judged by
+        extra = {
+            "workload_ranges": WORKLOAD_RANGES,
+            "workload_seed": args.workload_seed,
+            "workloads": [workload_entry(point) for point in points],
+        }
     return {
+        **extra,
         "settings": {k: v for k, v in base_settings(args).items() if k not in ("system_words",)},
         "configs": {k: CONFIGS[k] for k in args.configs},
         "points": points,
         "table_markdown": table,
+    }
+
+
+def workload_entry(point: dict[str, Any]) -> dict[str, Any]:
+    """One drawn workload's settings and the chooser's (f) completions per second against
+    TRL's default trainer (a), and against each fixed schedule that ran."""
+    by = {r["config"]: r for r in point["summary"] if r.get("ok")}
+    chooser = by.get("f")
+
+    def ratio(other: str) -> float | None:
+        if chooser is None or other not in by:
+            return None
+        return chooser["completions_per_s"] / by[other]["completions_per_s"]
+
+    keys = ("G", "drawn_prompt_tokens", "system_words", "max_new_tokens", "temperature")
+    return {
+        "name": point["name"],
+        "settings": {k: point[k] for k in keys if k in point},
+        "speedup_vs_trl": ratio("a"),
+        "vs_fixed": {c: ratio(c) for c in ("c2", "d", "k1") if c in by},
     }
 
 

@@ -342,7 +342,7 @@ def target_verdict(summary: list[dict[str, Any]]) -> str:
 
 def scan_table(points: list[dict[str, Any]], configs: list[str]) -> str:
     headers = ["workload", "prompt tokens", *[f"({c}) s/step" for c in configs]]
-    overlapped = [c for c in ("d", "dl", "e") if c in configs] or ["d"]
+    overlapped = [c for c in ("d", "dl", "e", "k1", "f") if c in configs] or ["d"]
     headers += ["packing c->c2", *[f"overlap c2->{o}" for o in overlapped]]
     headers += [f"all a->{o}" for o in overlapped[:1]]
     rows = []
