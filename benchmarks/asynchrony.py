@@ -62,6 +62,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
     "k=1": {"max_staleness": 1},
     "budget k<=1": {"max_staleness": 0, "asynchrony": {"max_staleness": 1}},
+    "k=1, every core": {
+        "max_staleness": 1, "overlap": False, "trainer_cores": None, "worker_cores": None
+    },
+    "budget k<=1, every core": {
+        "max_staleness": 0, "asynchrony": {"max_staleness": 1}, "overlap": False,
+        "trainer_cores": None, "worker_cores": None,
+    },
 }  # fmt: skip
 #: ``on-policy overlapped`` is the budget run's own starting point (the staleness benchmark's
 #: k = 0); on this machine turn-taking on every core is the faster on-policy configuration.
