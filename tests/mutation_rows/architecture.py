@@ -41,7 +41,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="exactly on-policy (k = 0) submits an iteration ahead",
-        file="src/periodic_rl/rollout/pipeline.py",
+        file="src/periodic_rl/rollout/schedule.py",
         old="        last = min(iteration + self.max_staleness, int(min(end, 2**62)) - 1)\n",
         new="        last = min(iteration + self.max_staleness + 1, int(min(end, 2**62)) - 1)\n",
         tests=("tests/rollout/test_pipeline.py",),

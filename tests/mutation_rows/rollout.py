@@ -83,7 +83,7 @@ ROWS: list[Mutation] = [
     ),
     Mutation(
         name="bounded staleness: the schedule lags 2k versions instead of k",
-        file="src/periodic_rl/rollout/pipeline.py",
+        file="src/periodic_rl/rollout/schedule.py",
         old="(iteration - self.max_staleness) * self.steps_per_iteration",
         new="(iteration - 2 * self.max_staleness) * self.steps_per_iteration",
         tests=(

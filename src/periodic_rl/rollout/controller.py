@@ -29,10 +29,10 @@ from periodic_rl.rollout.pipeline import (
     CallShape,
     RolloutPipeline,
     RolloutRequest,
-    RolloutSchedule,
     WeightsRecord,
 )
 from periodic_rl.rollout.ranks import RankLink, SingleRank
+from periodic_rl.rollout.schedule import RolloutSchedule
 from periodic_rl.rollout.spec import EngineSpec
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.timing import MICRO_BATCH_NAME, SpanRecorder

@@ -4,7 +4,7 @@ With bounded staleness (``k >= 1``) iteration ``j`` starts generating with the w
 ``v = j - k``. Its long completions would otherwise be sampled to their last token by weights that
 are older still when the iteration is trained. With ``partial_rollout_tokens: C``, the iteration
 is generated in chunks of ``C`` tokens. Chunk ``c`` of every completion still running is sampled
-by version ``min(v + c, j)`` (:meth:`~periodic_rl.rollout.pipeline.RolloutSchedule.
+by version ``min(v + c, j)`` (:meth:`~periodic_rl.rollout.schedule.RolloutSchedule.
 chunk_versions`): the weights are updated in flight, and the completion continues from its own
 token ids (never re-tokenized) under the newer weights. The chunk versions are fixed by the
 schedule, so the run still does not depend on which side was faster. A chunk waits for its

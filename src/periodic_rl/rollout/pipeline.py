@@ -49,6 +49,7 @@ from periodic_rl.rollout.producer import (
     produce,
 )
 from periodic_rl.rollout.ranks import RankLink
+from periodic_rl.rollout.schedule import RolloutSchedule
 from periodic_rl.rollout.stream import GroupStream
 from periodic_rl.rollout.types import GroupJob, RolloutGroup, SamplingConfig
 from periodic_rl.weight_sync.push import PushablePolicy
@@ -64,85 +65,6 @@ class WeightsRecord:
     iteration: int
     version: int
     fingerprint: str
-
-
-@dataclass(frozen=True)
-class RolloutSchedule:
-    """Which policy version generates which iteration.
-
-    ``max_staleness``: iterations the rollouts may run ahead (0: exactly on-policy);
-    ``steps_per_iteration``: optimizer steps per iteration (only 1 with ``max_staleness >= 1``);
-    ``start``: the version the run started (or its checkpoint's schedule started) at;
-    ``from_iteration`` and ``earlier``: a schedule the run switched to (:meth:`switched`) holds
-    from ``from_iteration`` on, ``earlier`` before it.
-    """
-
-    max_staleness: int = 0
-    steps_per_iteration: int = 1
-    start: int = 0
-    from_iteration: int = 0
-    earlier: RolloutSchedule | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(
-                f"max_staleness must be >= 0 (0: exactly on-policy), got {self.max_staleness}"
-            )
-        if self.steps_per_iteration < 1:
-            raise ValueError(f"steps_per_iteration must be >= 1, got {self.steps_per_iteration}")
-        if self.max_staleness > 0 and self.steps_per_iteration > 1:
-            raise ValueError(
-                "num_iterations > 1 with max_staleness >= 1: the later updates of an iteration "
-                "would train rollouts further behind than max_staleness allows; use one"
-            )
-
-    def version_for(self, iteration: int) -> int:
-        """The policy version that generates ``iteration``."""
-        if self.earlier is not None and iteration < self.from_iteration:
-            return self.earlier.version_for(iteration)
-        return max(self.start, (iteration - self.max_staleness) * self.steps_per_iteration)
-
-    def switched(self, from_iteration: int, max_staleness: int, version: int) -> RolloutSchedule:
-        """This schedule until ``from_iteration``, then ``max_staleness`` from there, never
-        older than ``version`` (the weights published when the switch is made) nor than what
-        generated the iteration before."""
-        floor = version
-        if from_iteration > 0:
-            floor = max(floor, self.version_for(from_iteration - 1))
-        return RolloutSchedule(
-            max_staleness, self.steps_per_iteration, floor, from_iteration, earlier=self
-        )
-
-    def chunk_versions(self, iteration: int, chunks: int) -> list[int]:
-        """With partial rollouts, the version that samples each chunk of ``iteration``'s
-        completions: one more per chunk from :meth:`version_for` on, never past the version
-        that trains the iteration (:mod:`periodic_rl.rollout.partial`)."""
-        first = self.version_for(iteration)
-        own = max(first, iteration * self.steps_per_iteration)
-        return [min(first + chunk, own) for chunk in range(chunks)]
-
-    def iterations_ahead(self, iteration: int, submitted_through: int, end: float) -> list[int]:
-        """The iterations after ``iteration`` (and before ``end``, the run's last + 1) to submit
-        now, so that generation runs ``max_staleness`` iterations ahead of training."""
-        last = min(iteration + self.max_staleness, int(min(end, 2**62)) - 1)
-        return list(range(max(iteration, submitted_through) + 1, last + 1))
-
-    def phases(self) -> list[tuple[int, int, int]]:
-        """``(from_iteration, max_staleness, start)`` of each schedule switched to, in order
-        (what a checkpoint saves; :meth:`from_phases` rebuilds it)."""
-        earlier = self.earlier.phases() if self.earlier is not None else []
-        return [*earlier, (self.from_iteration, self.max_staleness, self.start)]
-
-    @classmethod
-    def from_phases(
-        cls, phases: list[tuple[int, int, int]], steps_per_iteration: int = 1
-    ) -> RolloutSchedule:
-        schedule = None
-        for from_iteration, max_staleness, start in phases:
-            schedule = cls(max_staleness, steps_per_iteration, start, from_iteration, schedule)
-        if schedule is None:
-            raise ValueError("a schedule has at least one phase")
-        return schedule
 
 
 @dataclass(frozen=True)
