@@ -70,7 +70,30 @@ class JobSource:
 
 
 @runtime_checkable
-class RolloutBackend(Protocol):
+class GroupGenerator(Protocol):
+    """What generates an iteration's groups (what :func:`~periodic_rl.rollout.producer.produce`
+    needs): a backend, or a backend wrapped to generate in chunks
+    (:class:`~periodic_rl.rollout.partial.PartialRollouts`)."""
+
+    def generate(
+        self,
+        jobs: list[GroupJob],
+        sampling: SamplingConfig,
+        version: int,
+        groups_per_call: int | None = None,
+        ramp_groups: int | None = None,
+        cancel: threading.Event | None = None,
+        more_jobs: JobSource | None = None,
+    ) -> Iterator[GeneratedGroup]:
+        """Every job once, each group stamped with the version and fingerprint of the weights
+        that generated it, in completion order. Stops early once ``cancel`` is set.
+        ``more_jobs``: jobs added during the generation (their indices unique among all the
+        call's jobs), generated too; the iterator ends once it is closed and all are done."""
+        ...
+
+
+@runtime_checkable
+class RolloutBackend(GroupGenerator, Protocol):
     """Rollout engines behind one API: load weights (verified), generate groups, shut down."""
 
     def start(self) -> object:
@@ -93,22 +116,6 @@ class RolloutBackend(Protocol):
     def weights_will_change(self) -> None:
         """The trainer is about to change the weights it pushed last (an optimizer step): the
         backend finishes whatever still reads them (a copy kept for restarted engines)."""
-        ...
-
-    def generate(
-        self,
-        jobs: list[GroupJob],
-        sampling: SamplingConfig,
-        version: int,
-        groups_per_call: int | None = None,
-        ramp_groups: int | None = None,
-        cancel: threading.Event | None = None,
-        more_jobs: JobSource | None = None,
-    ) -> Iterator[GeneratedGroup]:
-        """Every job once, each group stamped with the version and fingerprint of the weights
-        that generated it, in completion order. Stops early once ``cancel`` is set.
-        ``more_jobs``: jobs added during the generation (their indices unique among all the
-        call's jobs), generated too; the iterator ends once it is closed and all are done."""
         ...
 
     def shutdown(self) -> None:

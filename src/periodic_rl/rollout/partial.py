@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.backend import JobSource, RolloutBackend
 from periodic_rl.rollout.types import GeneratedGroup, GroupJob, SamplingConfig
 
 #: Makes the engines hold a version (pushing its snapshot if needed); returns nothing.
@@ -85,9 +85,13 @@ class PartialRollouts:
         groups_per_call: int | None = None,
         ramp_groups: int | None = None,
         cancel: threading.Event | None = None,
+        more_jobs: JobSource | None = None,
     ) -> Iterator[GeneratedGroup]:
         """Every job once, generated chunk by chunk; a group is yielded once all its samples
-        ended (an end token, or ``sampling.max_new_tokens`` in all)."""
+        ended (an end token, or ``sampling.max_new_tokens`` in all). Jobs added meanwhile
+        (``more_jobs``, dynamic sampling) are not generated in chunks: refused."""
+        if more_jobs is not None:
+            raise ValueError("partial rollouts do not generate jobs added mid-iteration")
         if version != self.versions[0]:
             raise ValueError(
                 f"asked for version {version}, the first chunk's is {self.versions[0]}"

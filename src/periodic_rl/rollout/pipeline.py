@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from periodic_rl.rollout.backend import RolloutBackend
+from periodic_rl.rollout.backend import GroupGenerator, RolloutBackend
 from periodic_rl.rollout.dynamic_sampling import DynamicSampling
 from periodic_rl.rollout.partial import PartialRollouts
 from periodic_rl.rollout.producer import (
@@ -322,17 +322,19 @@ class RolloutPipeline:
             for rank in range(1, self.link.world_size):
                 self.link.send(rank, PipelineStopped(f"{type(exc).__name__}: {exc}"))
 
-    def _backend_for(self, request: RolloutRequest) -> RolloutBackend:
+    def _backend_for(self, request: RolloutRequest) -> GroupGenerator:
         """The backend, or with partial rollouts, when the schedule lets a completion of this
         iteration span a weight update, the backend generating in chunks."""
+        if self.backend is None:
+            raise RuntimeError("only rank 0's pipeline generates")
         tokens = self.partial_rollout_tokens
-        if tokens is None or self.backend is None:
+        if tokens is None:
             return self.backend
         chunks = -(-request.sampling.max_new_tokens // tokens)
         versions = self.schedule.chunk_versions(request.iteration, chunks)
         if versions[-1] == versions[0]:  # on-policy, or one chunk: nothing to continue
             return self.backend
-        return PartialRollouts(  # type: ignore[return-value]
+        return PartialRollouts(
             self.backend, tokens, versions, self._ensure_pushed, request.eos_token_ids
         )
 

@@ -22,7 +22,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from periodic_rl.rollout.backend import JobSource, RolloutBackend
+from periodic_rl.rollout.backend import GroupGenerator, JobSource
 from periodic_rl.rollout.dynamic_sampling import DynamicSampler, DynamicSampling
 from periodic_rl.rollout.ranks import RankLink
 from periodic_rl.rollout.stream import GroupStream
@@ -59,7 +59,7 @@ class IterationPlan:
 
 
 def produce(
-    backend: RolloutBackend,
+    backend: GroupGenerator,
     plan: IterationPlan,
     score: ScoreFn,
     stream: GroupStream,
@@ -129,7 +129,7 @@ def produce(
 
 
 def _produce_dynamic(
-    backend: RolloutBackend,
+    backend: GroupGenerator,
     plan: IterationPlan,
     score: ScoreFn,
     stream: GroupStream,

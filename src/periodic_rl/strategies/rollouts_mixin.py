@@ -227,11 +227,14 @@ class RolloutsMixin:
 
     def choose_schedule(self, chooser: ScheduleChooser) -> ScheduleDecision | None:
         """Between iterations: rank 0's chooser measures and decides the staleness, every rank
-        applies it (:mod:`periodic_rl.rollout.chooser`)."""
+        applies it (:mod:`periodic_rl.rollout.chooser`). The ``mismatch/kl`` it reads is the
+        mean of every rank's (each measures its own groups)."""
         decision = None
+        stats = getattr(self.lightning_module, "last_iteration", None)
+        mine = stats.metrics().get("mismatch/kl") if stats is not None else None
+        reported = [kl for kl in self.rollouts.link.gather(mine) if kl is not None]
         if self.global_rank == 0:  # type: ignore[attr-defined]
-            stats = getattr(self.lightning_module, "last_iteration", None)
-            kl = stats.metrics().get("mismatch/kl") if stats is not None else None
+            kl = sum(reported) / len(reported) if reported else None
             staleness = self.rollouts.schedule.max_staleness
             decision = chooser.step(staleness, self.rollouts.spans, kl)
         switch = decision.staleness if decision is not None and decision.switch else None
