@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from periodic_rl.rollout.budget import AsynchronyBudget
 from periodic_rl.rollout.timing import SpanRecorder
@@ -127,7 +127,6 @@ class ChooserState:
     before_switch: WindowMeasure | None = None
     predicted_s: float | None = None
     done: bool = False
-    measured: dict[int, WindowMeasure] = field(default_factory=dict)
 
 
 def decide(
@@ -136,7 +135,6 @@ def decide(
     """The decision after ``window`` (``None``: nothing to say), updating ``state`` (module
     docstring). Deterministic: it reads nothing but its arguments."""
     k = window.staleness
-    state.measured[k] = window
     bound = budget.max_mismatch_kl
     if bound is not None and k > 0 and not budget.allows(k, window.mismatch_kl):
         state.ceiling = min(state.ceiling, k - 1)

@@ -83,8 +83,3 @@ class RolloutOptions:
         if self.asynchrony is not None:
             return self.asynchrony.max_staleness
         return self.max_staleness
-
-    @property
-    def chooses_schedule(self) -> bool:
-        """The run picks its staleness within a budget that allows some (``asynchrony``)."""
-        return self.asynchrony is not None and self.asynchrony.max_staleness > 0

@@ -106,10 +106,11 @@ class PartialRollouts:
             if chunk > 0:
                 self.ensure_version(chunk_version)
             requests, owners = self._requests(groups, chunk)
-            yield from self._run_chunk(
-                groups, requests, owners, replace(sampling, max_new_tokens=budget),
-                chunk_version, budget, chunk, total, groups_per_call, ramp_groups, cancel,
+            calls = self.backend.generate(
+                requests, replace(sampling, max_new_tokens=budget), chunk_version,
+                groups_per_call, ramp_groups, cancel,
             )  # fmt: skip
+            yield from self._collect(calls, groups, owners, budget, total)
             chunk += 1
 
     def _requests(
@@ -133,23 +134,16 @@ class PartialRollouts:
                     requests.append(job)
         return requests, owners
 
-    def _run_chunk(
+    def _collect(
         self,
+        calls: Iterator[GeneratedGroup],
         groups: dict[int, _Group],
-        requests: list[GroupJob],
         owners: dict[int, tuple[int, int | None]],
-        sampling: SamplingConfig,
-        chunk_version: int,
         budget: int,
-        chunk: int,
         total: int,
-        groups_per_call: int | None,
-        ramp_groups: int | None,
-        cancel: threading.Event | None,
     ) -> Iterator[GeneratedGroup]:
-        calls = self.backend.generate(
-            requests, sampling, chunk_version, groups_per_call, ramp_groups, cancel
-        )
+        """Append one chunk's tokens (at most ``budget`` each, ``total`` in all) to the samples
+        they continue; yield each group whose samples have all ended."""
         for generated in calls:
             index, only = owners[generated.index]
             group = groups[index]
@@ -157,10 +151,10 @@ class PartialRollouts:
             group.worker = generated.worker
             group.started = group.started or generated.started
             group.finished = generated.finished
+            group.logprobs = group.logprobs and bool(generated.logprobs)
             which = range(group.job.n) if only is None else [only]
             for row, i in enumerate(which):
                 sample, ids = group.samples[i], generated.completion_ids[row]
-                group.logprobs = group.logprobs and bool(generated.logprobs)
                 logprobs = generated.logprobs[row] if generated.logprobs else []
                 sample.ids += ids
                 sample.logprobs += logprobs
