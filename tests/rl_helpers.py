@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from periodic_rl import CPUTuning, PeriodicAsyncStrategy, PromptDataModule, RLModule
 from periodic_rl.weight_sync.fingerprint import weights_fingerprint
@@ -69,6 +70,27 @@ class RecordingModule(SGDModule):
                 pushed=strategy.weights_fingerprint,
             )
         )
+
+
+class StaleRecording(RecordingModule):
+    """Also keeps, per iteration, the weights it started from, the groups it trained on and
+    the fingerprint the strategy confirmed for each group's version."""
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.started_from: list[dict[str, torch.Tensor]] = []
+        self.confirmed: list[list[str | None]] = []
+        self.trained_groups: list[list] = []
+
+    def training_step(self, batch, batch_idx):
+        self.started_from.append(
+            {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
+        )
+        super().training_step(batch, batch_idx)
+        strategy = self.trainer.strategy
+        groups = self.last_iteration.groups
+        self.confirmed.append([strategy.weights_fingerprint_of(g.version) for g in groups])
+        self.trained_groups.append(groups)
 
 
 class LyingPusher(WeightPusher):
@@ -173,3 +195,49 @@ def starting_threads() -> int:
     """The OpenMP thread count this process started with (``OMP_NUM_THREADS``, else its cores):
     an in-process vLLM's CPU attention runs only while the host's count is that one."""
     return int(os.environ.get("OMP_NUM_THREADS", len(os.sched_getaffinity(0))))
+
+
+def completion_logps(model, prompt_ids, completion_ids, temperature=1.0):
+    """The log-probs of ``completion_ids`` after ``prompt_ids`` under ``model`` at
+    ``temperature``, from one plain forward (a reference for the engines' behaviour log-probs)."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
+def fit_checkpointed(
+    model_path: str,
+    root: Any,
+    steps: int,
+    strategy: PeriodicAsyncStrategy,
+    ckpt_path: str | None = None,
+    callbacks: tuple[L.Callback, ...] | list[L.Callback] = (),
+    **module_kwargs: Any,
+) -> tuple[dict[str, torch.Tensor], L.Trainer]:
+    """``steps`` iterations of an RLModule with a checkpoint after every one (``root/ckpt``,
+    ``last.ckpt`` too), resumed from ``ckpt_path`` when given; the trainable parameters after
+    the fit, and the trainer."""
+    L.seed_everything(0, verbose=False)
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        num_generations=2,
+        micro_batch_size=2,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        reward_funcs=[length_reward],
+    )
+    module = RLModule(**{**kwargs, **module_kwargs})
+    checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)
+    trainer = L.Trainer(
+        strategy=strategy,
+        max_steps=steps,
+        default_root_dir=root,
+        logger=False,
+        callbacks=[checkpoint, *callbacks],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = PromptDataModule(batch_size=2, num_train=40, num_val=0)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    params = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+    return params, trainer

@@ -10,10 +10,9 @@ import sys
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from rl_helpers import length_reward, max_diff
+from rl_helpers import fit_checkpointed, max_diff
 
-from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.checkpoint import AtomicCheckpointIO, CheckpointDiskFullError
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -63,33 +62,14 @@ def _fit(
     callbacks=(),
     **module_kwargs,
 ):
-    L.seed_everything(0, verbose=False)
-    kwargs = dict(
-        model=model_path,
-        num_generations=2,
-        micro_batch_size=2,
-        max_new_tokens=6,
-        learning_rate=1e-3,
-        reward_funcs=[length_reward],
-        lora=lora,
-    )
-    module = RLModule(**{**kwargs, **module_kwargs})
     stop = StopAt(stop_at)
-    checkpoint = ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)
-    trainer = L.Trainer(
-        strategy=PeriodicAsyncStrategy(
-            engine="hf", use_ray=False, overlap=False, max_staleness=staleness
-        ),
-        max_steps=steps,
-        default_root_dir=root,
-        logger=False,
-        callbacks=[checkpoint, stop, *callbacks],
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    strategy = PeriodicAsyncStrategy(
+        engine="hf", use_ray=False, overlap=False, max_staleness=staleness
     )
-    data = PromptDataModule(batch_size=2, num_train=40, num_val=0)
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-    params = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+    params, trainer = fit_checkpointed(
+        model_path, root, steps, strategy, ckpt_path, [stop, *callbacks], lora=lora,
+        **module_kwargs,
+    )  # fmt: skip
     trainer.rates = stop.rates
     return params, trainer
 

@@ -10,15 +10,13 @@ whatever the chooser is told.
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from rl_helpers import RecordingModule, length_reward, max_diff, train
+from rl_helpers import RecordingModule, fit_checkpointed, max_diff, train
 
-from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.rollout import chooser as chooser_module
-from periodic_rl.rollout.pipeline import RolloutSchedule
+from periodic_rl.rollout.schedule import RolloutSchedule
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False, "asynchrony_window": 1}
 #: seconds per iteration the scripted clock advances, by the staleness running
@@ -118,28 +116,8 @@ def test_a_measured_mismatch_over_the_kl_budget_sends_the_run_back(tiny_llama_pa
 
 def _fit_checkpointed(model_path, root, steps, ckpt_path=None):
     """``steps`` iterations with ``{max_staleness: 1}``, a checkpoint after every one."""
-    L.seed_everything(0, verbose=False)
-    module = RLModule(
-        model=model_path,
-        num_generations=2,
-        micro_batch_size=2,
-        max_new_tokens=6,
-        learning_rate=1e-3,
-        reward_funcs=[length_reward],
-    )
-    trainer = L.Trainer(
-        strategy=ScriptedPace(**LOCAL, asynchrony={"max_staleness": 1}),
-        max_steps=steps,
-        default_root_dir=root,
-        logger=False,
-        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=40, num_val=0),
-                ckpt_path=ckpt_path)  # fmt: skip
-    params = {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
-    return params, trainer
+    strategy = ScriptedPace(**LOCAL, asynchrony={"max_staleness": 1})
+    return fit_checkpointed(model_path, root, steps, strategy, ckpt_path)
 
 
 def test_a_resumed_run_continues_the_schedule_it_switched_to(

@@ -9,34 +9,22 @@ on-policy, no completion is ever continued under other weights.
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from rl_helpers import RecordingModule, assert_same_update, length_reward, max_diff, train
+from rl_helpers import (
+    StaleRecording,
+    assert_same_update,
+    completion_logps,
+    fit_checkpointed,
+    max_diff,
+    train,
+)
 
-from periodic_rl import PeriodicAsyncStrategy, PromptDataModule, RLModule
+from periodic_rl import PeriodicAsyncStrategy
 from periodic_rl.rollout import chooser as chooser_module
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False}
 PARTIAL = {**LOCAL, "max_staleness": 1, "partial_rollout_tokens": 3}
-
-
-class Recording(RecordingModule):
-    """Also keeps the weights each iteration started from (version ``j``'s for iteration
-    ``j``) and the groups it trained on."""
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.started_from: list[dict[str, torch.Tensor]] = []
-        self.trained_groups: list[list] = []
-
-    def training_step(self, batch, batch_idx):
-        self.started_from.append(
-            {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
-        )
-        super().training_step(batch, batch_idx)
-        self.trained_groups.append(self.last_iteration.groups)
 
 
 def _load(model, weights) -> None:
@@ -45,16 +33,10 @@ def _load(model, weights) -> None:
             p.copy_(weights[name])
 
 
-def _logps(model, prompt_ids, completion_ids) -> torch.Tensor:
-    ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
-
-
 def test_a_completion_spanning_an_update_trains_with_each_tokens_own_version(tiny_llama_path):
     lr = 0.5
     trained_after, module, strategy = train(
-        tiny_llama_path, steps=3, strategy=PARTIAL, module_cls=Recording, learning_rate=lr
+        tiny_llama_path, steps=3, strategy=PARTIAL, module_cls=StaleRecording, learning_rate=lr
     )
     groups = module.trained_groups[2]  # chunks by versions 1, 2, 2
     assert {g.version for g in groups} == {1}
@@ -73,7 +55,9 @@ def test_a_completion_spanning_an_update_trains_with_each_tokens_own_version(tin
         _load(model, module.started_from[version])
         with torch.no_grad():
             by_version[version] = [
-                _logps(model, g.prompt_ids, ids) for g in groups for ids in g.completion_ids
+                completion_logps(model, g.prompt_ids, ids)
+                for g in groups
+                for ids in g.completion_ids
             ]
     rows = [(b, v) for g in groups for b, v in zip(g.logprobs, g.token_versions, strict=True)]
     for n, (behaviour, versions) in enumerate(rows):
@@ -92,7 +76,7 @@ def test_a_completion_spanning_an_update_trains_with_each_tokens_own_version(tin
         for ids, behaviour, advantage in zip(
             group.completion_ids, group.logprobs, group.advantages, strict=True
         ):
-            logps = _logps(model, group.prompt_ids, ids)
+            logps = completion_logps(model, group.prompt_ids, ids)
             w = torch.clamp(torch.exp(logps.detach() - torch.tensor(behaviour)), max=2.0)
             loss = loss + (-(w * advantage * logps)).sum() / tokens
     loss.backward()
@@ -115,7 +99,7 @@ def test_exactly_on_policy_never_continues_a_completion_under_other_weights(
         tiny_llama_path,
         steps=4,
         strategy={**budget, "partial_rollout_tokens": 3},
-        module_cls=Recording,
+        module_cls=StaleRecording,
     )
     assert all(not d.switch for d in strategy.schedule_chooser.decisions)
     for iteration, groups in enumerate(module.trained_groups):
@@ -132,7 +116,7 @@ def test_overlapped_on_two_ray_workers_equals_synchronous(tiny_llama_path, local
     """The chunk versions are the schedule's: the overlapped run, whose chunks may wait for the
     trainer's next version, trains on the same tokens as the synchronous one."""
     ray_workers = {**PARTIAL, "use_ray": True, "num_workers": 2, "groups_per_call": 1}
-    kwargs = dict(steps=3, module_cls=Recording)
+    kwargs = dict(steps=3, module_cls=StaleRecording)
     sync = train(tiny_llama_path, strategy={**ray_workers, "overlap": False}, **kwargs)
     overlapped = train(tiny_llama_path, strategy={**ray_workers, "overlap": True}, **kwargs)
     assert_same_update(sync, overlapped, "partial rollouts overlapped on two Ray workers")
@@ -142,31 +126,16 @@ def test_overlapped_on_two_ray_workers_equals_synchronous(tiny_llama_path, local
     assert spans, "no completion spanned an update"
 
 
-def _fit_checkpointed(model_path, root, steps, ckpt_path=None):
-    L.seed_everything(0, verbose=False)
-    module = RLModule(
-        model=model_path, num_generations=2, micro_batch_size=2, max_new_tokens=8,
-        learning_rate=1e-3, reward_funcs=[length_reward],
-    )  # fmt: skip
-    trainer = L.Trainer(
-        strategy=PeriodicAsyncStrategy(**PARTIAL),
-        max_steps=steps,
-        default_root_dir=root,
-        logger=False,
-        callbacks=[ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=2, num_train=40, num_val=0),
-                ckpt_path=ckpt_path)  # fmt: skip
-    return {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
-
-
 def test_a_resumed_run_equals_the_uninterrupted_one(tiny_llama_path, tmp_path):
     """Interrupted after 2 of 4 iterations: iteration 2's chunks are drawn by versions 1 and
     2 again, the checkpoint keeping version 1's weights."""
-    straight = _fit_checkpointed(tiny_llama_path, tmp_path / "a", 4)
-    _fit_checkpointed(tiny_llama_path, tmp_path / "b", 2)
+
+    def fit(root, steps, ckpt_path=None):
+        strategy = PeriodicAsyncStrategy(**PARTIAL)
+        return fit_checkpointed(tiny_llama_path, root, steps, strategy, ckpt_path, max_new_tokens=8)
+
+    straight, _ = fit(tmp_path / "a", 4)
+    fit(tmp_path / "b", 2)
     last = tmp_path / "b" / "ckpt" / "last.ckpt"
-    resumed = _fit_checkpointed(tiny_llama_path, tmp_path / "b", 4, ckpt_path=str(last))
+    resumed, _ = fit(tmp_path / "b", 4, ckpt_path=str(last))
     assert max_diff(straight, resumed) == 0.0

@@ -12,34 +12,20 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from rl_helpers import ORDER_TOLERANCE, RecordingModule, assert_same_update, max_diff, train
+from rl_helpers import (
+    ORDER_TOLERANCE,
+    StaleRecording,
+    assert_same_update,
+    completion_logps,
+    max_diff,
+    train,
+)
 
 from periodic_rl import PeriodicAsyncStrategy, PromptDataModule
 from periodic_rl.algorithms.losses import truncated_is_weights
 from periodic_rl.algorithms.mismatch import importance_cap
 
 LOCAL = {"engine": "hf", "use_ray": False, "overlap": False}
-
-
-class StaleRecording(RecordingModule):
-    """Also keeps, per iteration, the weights it started from, the groups it trained on and
-    the fingerprint the strategy confirmed for each group's version."""
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.started_from: list[dict[str, torch.Tensor]] = []
-        self.confirmed: list[list[str | None]] = []
-        self.trained_groups: list[list] = []
-
-    def training_step(self, batch, batch_idx):
-        self.started_from.append(
-            {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
-        )
-        super().training_step(batch, batch_idx)
-        strategy = self.trainer.strategy
-        groups = self.last_iteration.groups
-        self.confirmed.append([strategy.weights_fingerprint_of(g.version) for g in groups])
-        self.trained_groups.append(groups)
 
 
 def _staleness(k: int, strategy: dict | None = None) -> dict:
@@ -89,12 +75,6 @@ def test_stale_rollouts_are_corrected_with_cap_2_unless_tis_cap_says_otherwise()
     assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 0.0]]))
 
 
-def _completion_logps(model, prompt_ids, completion_ids, temperature):
-    ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
-
-
 def test_stale_update_is_the_importance_corrected_gradient_written_out(tiny_llama_path):
     """Iteration 1 of a k = 1 run trains on rollouts of version 0 with version 1's weights.
     Its SGD step must be ``-lr * d/dtheta sum_t -min(exp(logp_t - b_t), 2) * A * logp_t / N``,
@@ -123,7 +103,7 @@ def test_stale_update_is_the_importance_corrected_gradient_written_out(tiny_llam
         for ids, behaviour, advantage in zip(
             group.completion_ids, group.logprobs, group.advantages, strict=True
         ):
-            logps = _completion_logps(model, group.prompt_ids, ids, 1.0)
+            logps = completion_logps(model, group.prompt_ids, ids, 1.0)
             w = torch.clamp(torch.exp(logps.detach() - torch.tensor(behaviour)), max=2.0)
             weights.append(w)
             loss = loss + (-(w * advantage * logps)).sum() / tokens
