@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mutation_rows.agents import ROWS as AGENT_ROWS
 from mutation_rows.architecture import ROWS as ARCHITECTURE_ROWS
+from mutation_rows.asynchrony import ROWS as ASYNCHRONY_ROWS
 from mutation_rows.base import Mutation
 from mutation_rows.config import ROWS as CONFIG_ROWS
 from mutation_rows.coverage import ROWS as COVERAGE_ROWS
@@ -31,6 +32,7 @@ MUTATIONS: list[Mutation] = [
     *TRAINING_ROWS,
     *AGENT_ROWS,
     *ROLLOUT_ROWS,
+    *ASYNCHRONY_ROWS,
     *SPLIT_ROWS,
     *STRATEGY_ROWS,
     *ARCHITECTURE_ROWS,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from periodic_rl.algorithms.mismatch import mismatch_metrics
 from periodic_rl.checkpoint import AsyncAtomicCheckpointIO, AtomicCheckpointIO
 from periodic_rl.rollout.budget import AsynchronyBudget, AsynchronySpec, parse_budget
 from periodic_rl.rollout.chooser import ScheduleChooser, ScheduleDecision
@@ -231,7 +232,7 @@ class RolloutsMixin:
         mean of every rank's (each measures its own groups)."""
         decision = None
         stats = getattr(self.lightning_module, "last_iteration", None)
-        mine = stats.metrics().get("mismatch/kl") if stats is not None else None
+        mine = mismatch_metrics(stats.loss).get("mismatch/kl") if stats is not None else None
         reported = [kl for kl in self.rollouts.link.gather(mine) if kl is not None]
         if self.global_rank == 0:  # type: ignore[attr-defined]
             kl = sum(reported) / len(reported) if reported else None
